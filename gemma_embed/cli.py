@@ -1,0 +1,220 @@
+"""Command line: parse arguments into a RunConfig and call the library. Nothing else happens here.
+
+torch and transformers are imported only inside commands, so `gemma-embed --help` is instant.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gemma_embed import __version__
+from gemma_embed.config import DEFAULT_MODEL, IMAGE_SOFT_TOKEN_BUDGETS, RunConfig
+from gemma_embed.errors import GemmaEmbedError
+
+app = typer.Typer(
+    name="gemma-embed",
+    help="Turn piles of images, video and audio into Gemma encoder-tower embeddings (.safetensors).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class Dtype(str, Enum):
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class OutputDtype(str, Enum):
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
+class Pool(str, Enum):
+    none = "none"
+    mean = "mean"
+
+
+class Space(str, Enum):
+    language = "language"
+    tower = "tower"
+
+
+class OnError(str, Enum):
+    skip = "skip"
+    stop = "stop"
+
+
+class Modality(str, Enum):
+    images = "images"
+
+
+def _param(name: str, annotation, default=inspect.Parameter.empty) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def _batch_size(value: str) -> str:
+    if value != "auto" and not (value.isdigit() and int(value) > 0):
+        raise typer.BadParameter("use 'auto' or a positive integer")
+    return value
+
+
+def _soft_tokens(value: int | None) -> int | None:
+    if value is not None and value not in IMAGE_SOFT_TOKEN_BUDGETS:
+        raise typer.BadParameter(f"must be one of {', '.join(map(str, IMAGE_SOFT_TOKEN_BUDGETS))}")
+    return value
+
+
+PATHS = _param("paths", Annotated[list[str], typer.Argument(
+    help="Files, folders (searched recursively) or - to read a list of paths from stdin.", show_default=False)])
+MODEL_OPTIONS = [
+    _param("model", Annotated[str, typer.Option(help="Hub id or local checkpoint folder.")], DEFAULT_MODEL),
+    _param("revision", Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit).")], None),
+    _param("device", Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")], "auto"),
+    _param("dtype", Annotated[Dtype, typer.Option(help="Compute dtype; auto is bf16 on CUDA, else float32.")],
+           Dtype.auto),
+    _param("space", Annotated[Space, typer.Option(
+        help="language: after the embed_* projection (soft tokens); tower: the encoder output.")], Space.language),
+    _param("batch_size", Annotated[str, typer.Option(
+        help="Cap on units per device batch; auto plans from free memory.", callback=_batch_size)], "auto"),
+    _param("memory_budget", Annotated[str | None, typer.Option(
+        help="Bytes (2GiB) or a fraction of free memory (0.3); default min(free/2, total/10).")], None),
+    _param("workers", Annotated[int, typer.Option(min=1, help="Decode and preprocessing threads.")], 2),
+    _param("null", Annotated[bool, typer.Option("-0", "--null", help="Paths on stdin are NUL-separated.")], False),
+    _param("quiet", Annotated[bool, typer.Option("-q", "--quiet", help="Nothing on stderr.")], False),
+    _param("max_soft_tokens", Annotated[int | None, typer.Option(
+        help="Images: the processor's soft-token budget (70, 140, 280, 560 or 1120); default: the checkpoint's.",
+        callback=_soft_tokens)], None),
+]
+OUTPUT_OPTIONS = [
+    _param("output", Annotated[Path, typer.Option("-o", "--output", help="Output .safetensors file.")],
+           Path("embeddings.safetensors")),
+    _param("overwrite", Annotated[bool, typer.Option(help="Replace an existing output file.")], False),
+    _param("output_dtype", Annotated[OutputDtype, typer.Option(help="dtype of the stored rows.")],
+           OutputDtype.float32),
+    _param("pool", Annotated[Pool, typer.Option(help="none: every row; mean: one row per item.")], Pool.none),
+    _param("on_error", Annotated[OnError, typer.Option(
+        help="skip: report a bad item and go on; stop: end the run at the first one.")], OnError.skip),
+    _param("jsonl", Annotated[bool, typer.Option(help="One JSON record per item on stdout.")], False),
+]
+
+
+def _config(modality: str, opts: dict) -> RunConfig:
+    value = lambda v: v.value if isinstance(v, Enum) else v  # noqa: E731
+    opts = {k: value(v) for k, v in opts.items()}
+    return RunConfig(
+        modality=modality,
+        inputs=tuple(opts["paths"]),
+        output=opts.get("output", Path("embeddings.safetensors")),
+        model=opts["model"],
+        revision=opts["revision"],
+        device=opts["device"],
+        dtype=opts["dtype"],
+        output_dtype=opts.get("output_dtype", "float32"),
+        pool=opts.get("pool", "none"),
+        space=opts["space"],
+        batch_size=None if opts["batch_size"] == "auto" else int(opts["batch_size"]),
+        memory_budget=opts["memory_budget"],
+        workers=opts["workers"],
+        overwrite=opts.get("overwrite", False),
+        on_error=opts.get("on_error", "skip"),
+        null_separated=opts["null"],
+        max_soft_tokens=opts["max_soft_tokens"],
+    )
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    return typer.Exit(code)
+
+
+def _embed(modality: str, opts: dict) -> None:
+    from gemma_embed.errors import UsageError
+    from gemma_embed.pipeline import run
+    from gemma_embed.progress import Reporter
+
+    reporter = Reporter(quiet=opts["quiet"], jsonl=opts["jsonl"])
+    try:
+        code = run(_config(modality, opts), reporter)
+    except UsageError as exc:
+        raise _fail(str(exc), 2) from None
+    except GemmaEmbedError as exc:
+        raise _fail(str(exc), 1) from None
+    raise typer.Exit(code)
+
+
+def _command(modality: str, summary: str):
+    def command(**opts) -> None:
+        _embed(modality, opts)
+
+    command.__signature__ = inspect.Signature([PATHS, *OUTPUT_OPTIONS, *MODEL_OPTIONS])
+    command.__doc__ = summary
+    return command
+
+
+app.command("images")(_command("images", "Embed images: one item per image, rows = its soft tokens."))
+
+
+def plan(**opts) -> None:
+    """Dry run: device, free memory, buckets and chunk sizes; nothing is encoded."""
+    from gemma_embed.errors import UsageError
+    from gemma_embed.pipeline import plan as make_plan
+    from gemma_embed.progress import Reporter
+
+    modality = opts.pop("modality").value
+    try:
+        make_plan(_config(modality, opts), Reporter(quiet=opts["quiet"]))
+    except UsageError as exc:
+        raise _fail(str(exc), 2) from None
+
+
+plan.__signature__ = inspect.Signature([
+    PATHS, _param("modality", Annotated[Modality, typer.Option(help="What the paths hold.")], Modality.images),
+    *MODEL_OPTIONS])
+app.command("plan")(plan)
+
+
+@app.command("inspect")
+def inspect_output(
+    path: Annotated[Path, typer.Argument(help="A gemma-embed output (.safetensors or .index.json).")],
+    limit: Annotated[int, typer.Option(help="Items to list (0 = all).")] = 20,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the metadata as JSON on stdout.")] = False,
+) -> None:
+    """Show an output file: model, metadata and a table of items with their shapes."""
+    from gemma_embed.show import show
+
+    try:
+        show(path, limit=limit, as_json=json_out)
+    except (OSError, ValueError) as exc:
+        raise _fail(f"{path}: {exc}", 2) from None
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"gemma-embed {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version.")] = False,
+) -> None:
+    """gemma-embed: Gemma encoder-tower embeddings for large piles of media."""
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Encode stage: run groups of units on the device in memory-planned chunks, with out-of-memory back-off."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from gemma_embed import memory
+from gemma_embed.errors import ItemError
+from gemma_embed.models.base import Tower, Unit
+
+# Test hook: raise an out-of-memory error for any chunk larger than this (exercises the back-off on a CPU).
+OOM_TEST_ENV = "GEMMA_EMBED_TEST_OOM_ABOVE"
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    length: int
+    cost_per_unit: int
+    free: int
+    total: int
+    budget: int
+    chunk: int
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    # MPS and some CPU allocators raise a plain RuntimeError.
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+class Engine:
+    def __init__(self, tower: Tower, space: str, budget_spec: memory.BudgetSpec = memory.BudgetSpec(),
+                 batch_cap: int | None = None, reporter=None):
+        self.tower = tower
+        self.space = space
+        self.budget_spec = budget_spec
+        self.batch_cap = batch_cap
+        self.reporter = reporter
+        self.cost_scale = 1.0  # raised when a device measures more than the model predicts
+        self.backoffs = 0
+        hook = os.environ.get(OOM_TEST_ENV)
+        self.oom_above: int | None = int(hook) if hook else None
+
+    def plan(self, length: int) -> ChunkPlan:
+        """Chunk size for units of this length, from the device's memory as it is now."""
+        free, total = memory.device_memory(self.tower.device)
+        cost = int(self.tower.unit_cost(length) * self.cost_scale)
+        budget = memory.budget(free, total, self.budget_spec)
+        return ChunkPlan(length, cost, free, total, budget, memory.chunk_size(cost, budget, self.batch_cap))
+
+    def _encode(self, batch: list[Unit]) -> list[torch.Tensor]:
+        if self.oom_above is not None and len(batch) > self.oom_above:
+            raise torch.OutOfMemoryError(f"injected out-of-memory for a chunk of {len(batch)}")
+        device = self.tower.device
+        measure = device.type == "cuda"
+        if measure:
+            torch.cuda.reset_peak_memory_stats(device)
+            baseline = torch.cuda.memory_allocated(device)
+        with torch.inference_mode():
+            rows = self.tower.encode(batch, self.space)
+            rows = [r.to("cpu") for r in rows]
+        if measure:
+            peak = torch.cuda.max_memory_allocated(device) - baseline
+            modelled = sum(self.tower.unit_cost(u.length) for u in batch)
+            if modelled > 0:
+                self.cost_scale = max(self.cost_scale, memory.calibrated_cost(modelled, peak, 1) / modelled)
+        return rows
+
+    def _free_cache(self) -> None:
+        if self.tower.device.type == "cuda":
+            torch.cuda.empty_cache()
+        elif self.tower.device.type == "mps":
+            torch.mps.empty_cache()
+
+    def run(self, units: list[Unit], indices: tuple[int, ...], keys: list[str]) -> dict[int, torch.Tensor | ItemError]:
+        """Encode units[i] for i in indices. Returns rows on the CPU, or the failure, per index."""
+        results: dict[int, torch.Tensor | ItemError] = {}
+        plan = self.plan(units[indices[0]].length)
+        size = plan.chunk
+        if self.reporter:
+            self.reporter.chunk_planned(plan, len(indices))
+        pending = list(indices)
+        while pending:
+            batch_ix = tuple(pending[:size])
+            batch = [units[i] for i in batch_ix]
+            try:
+                rows = self._encode(batch)
+            except Exception as exc:  # noqa: BLE001 - every failure becomes a record or a retry
+                if is_out_of_memory(exc) and size > 1:
+                    size = max(1, size // 2)
+                    self.backoffs += 1
+                    self._free_cache()
+                    if self.reporter:
+                        self.reporter.note(f"out of memory at chunk {len(batch)}: retrying with chunk {size}")
+                    continue
+                if len(batch) > 1:
+                    # Isolate the unit that fails so the others still get encoded.
+                    for i in batch_ix:
+                        results.update(self._run_single(units, i, keys))
+                else:
+                    results[batch_ix[0]] = ItemError.wrap(keys[batch_ix[0]], "encode", exc)
+                    self._free_cache()
+                pending = pending[len(batch_ix):]
+                continue
+            for i, r in zip(batch_ix, rows, strict=True):
+                results[i] = r
+            pending = pending[len(batch_ix):]
+        # A back-off holds for the rest of this group only: the next group plans again from free memory.
+        return results
+
+    def _run_single(self, units: list[Unit], i: int, keys: list[str]) -> dict[int, torch.Tensor | ItemError]:
+        try:
+            return {i: self._encode([units[i]])[0]}
+        except Exception as exc:  # noqa: BLE001
+            self._free_cache()
+            return {i: ItemError.wrap(keys[i], "encode", exc)}
+

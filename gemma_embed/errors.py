@@ -1,0 +1,40 @@
+"""Error types shared by every stage.
+
+`UsageError` is a problem with the whole run (bad option, missing checkpoint): the CLI maps it to exit code 2.
+`ItemError` is a problem with one input item: the pipeline records it and goes on with the others.
+"""
+
+from __future__ import annotations
+
+
+class GemmaEmbedError(Exception):
+    """Base class of the errors this package raises on purpose."""
+
+
+class UsageError(GemmaEmbedError):
+    """The run cannot start or go on: a bad option, a missing checkpoint, an unwritable output."""
+
+
+class CheckpointError(UsageError):
+    """The checkpoint lacks what the command needs, or its tensors do not match the tower."""
+
+
+class ItemError(GemmaEmbedError):
+    """One item failed at one stage. The message is one line and names the file."""
+
+    def __init__(self, key: str, stage: str, message: str, error_type: str | None = None):
+        self.key = key
+        self.stage = stage
+        self.error_type = error_type or type(self).__name__
+        self.message = " ".join(str(message).split())  # always one line
+        super().__init__(f"{key}: {self.message}")
+
+    @classmethod
+    def wrap(cls, key: str, stage: str, exc: BaseException) -> ItemError:
+        if isinstance(exc, ItemError):
+            return exc
+        text = str(exc) or type(exc).__name__
+        return cls(key, stage, text, type(exc).__name__)
+
+    def as_record(self) -> dict:
+        return {"key": self.key, "stage": self.stage, "error": self.error_type, "message": self.message}

@@ -1,0 +1,165 @@
+"""Memory planning: pure functions of plain numbers, plus one probe of the current device.
+
+The planner turns (free, total) device memory and a cost model of the tower's dominant transient into a chunk
+size. It never admits a chunk whose modelled transient exceeds the budget (except the unavoidable chunk of 1,
+which the engine's out-of-memory back-off then guards).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_FREE_FRACTION = 0.5
+DEFAULT_TOTAL_FRACTION = 0.1
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+@dataclass(frozen=True)
+class BudgetSpec:
+    """What `--memory-budget` asked for: absolute bytes, a fraction of free memory, or the default rule."""
+
+    bytes: int | None = None
+    fraction_of_free: float | None = None
+
+
+def parse_budget(text: str | None) -> BudgetSpec:
+    """'2GiB', '500MB', '800000000' -> bytes; '0.3' (a number in (0, 1]) -> fraction of free memory."""
+    if text is None or str(text).strip() in ("", "auto"):
+        return BudgetSpec()
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not match:
+        raise ValueError(f"cannot read memory budget {text!r}: use bytes like 2GiB or a fraction like 0.3")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    if unit == "" and 0 < number <= 1:
+        return BudgetSpec(fraction_of_free=number)
+    if unit not in _UNITS:
+        raise ValueError(f"unknown unit {match.group(2)!r} in memory budget {text!r}")
+    value = int(number * _UNITS[unit])
+    if value <= 0:
+        raise ValueError(f"memory budget {text!r} must be positive")
+    return BudgetSpec(bytes=value)
+
+
+def budget(free: int, total: int, spec: BudgetSpec = BudgetSpec()) -> int:
+    """Bytes a chunk's transient may use now. Default: min(free * 0.5, total * 0.1); never negative."""
+    free, total = max(0, int(free)), max(0, int(total))
+    if spec.bytes is not None:
+        # An explicit byte budget is the user's call, but it can never exceed what is actually free.
+        return max(0, min(spec.bytes, free))
+    if spec.fraction_of_free is not None:
+        return max(0, int(free * spec.fraction_of_free))
+    return max(0, int(min(free * DEFAULT_FREE_FRACTION, total * DEFAULT_TOTAL_FRACTION)))
+
+
+def chunk_size(cost_per_item: float, budget_bytes: float, cap: int | None = None) -> int:
+    """Largest n with n * cost_per_item <= budget_bytes; at least 1, at most cap. Never divides by zero."""
+    if cost_per_item is None or not math.isfinite(cost_per_item) or cost_per_item <= 0:
+        # Nothing to model (empty item): the budget does not constrain, only the cap does.
+        n = cap if cap and cap > 0 else 1
+    else:
+        n = int(max(0.0, float(budget_bytes)) // float(cost_per_item))
+        if cap is not None and cap > 0:
+            n = min(n, cap)
+    return max(1, int(n))
+
+
+def vision_item_cost(
+    patches: int,
+    hidden: int,
+    intermediate: int,
+    heads: int,
+    bytes_per_element: int,
+    pooling_kernel: int = 3,
+    patch_dim: int = 768,
+    materialises_scores: bool = False,
+) -> int:
+    """Peak transient bytes one image of `patches` patches adds to a Gemma 4 vision-tower forward.
+
+    Terms (see bench/MEMORY.md for the measurements behind them):
+    - MLP: gate, act(gate), up and their product live together: 4 * N * I elements;
+    - residual stream, norms and q/k/v/o: about 4 * N * D elements;
+    - patch embedder: the 2*(px-0.5) copy of the input, N * 768 float32;
+    - pooler: an int64 one-hot (N x M), its float copy and a bool mask: 13 * N * M bytes, whatever the dtype;
+    - attention scores when the kernel materialises them (eager): 2 * H * N^2 elements.
+    """
+    n = max(0, int(patches))
+    if n == 0:
+        return 0
+    s = max(1, int(bytes_per_element))
+    tokens = max(1, n // (pooling_kernel * pooling_kernel))
+    cost = n * (4 * intermediate + 4 * hidden) * s + n * patch_dim * 4 + 13 * n * tokens
+    if materialises_scores:
+        cost += 2 * heads * n * n * s
+    return int(cost)
+
+
+def audio_item_cost(mel_frames: int, bytes_per_element: int) -> int:
+    """Gemma 4 audio tower: about 49 KB per mel frame in float32 (SSCP conv output, ~3 live copies)."""
+    return int(max(0, int(mel_frames)) * 49_000 * max(1, int(bytes_per_element)) / 4)
+
+
+def calibrated_cost(modelled: float, measured_peak: float, chunk: int) -> float:
+    """Cost per item after a chunk ran: never below the model, raised to what the device really used."""
+    if chunk <= 0 or measured_peak <= 0:
+        return modelled
+    return max(float(modelled), float(measured_peak) / chunk)
+
+
+# ---------------------------------------------------------------------------------------------- the probe
+
+
+def host_memory(available: int, total: int, cgroup_limit: int | None, cgroup_usage: int | None) -> tuple[int, int]:
+    """Free/total host memory, honouring a cgroup limit (the kernel kills past it rather than raising)."""
+    free, cap = int(available), int(total)
+    if cgroup_limit is not None and 0 < cgroup_limit < cap:
+        cap = int(cgroup_limit)
+        used = int(cgroup_usage or 0)
+        free = min(free, max(0, cap - used))
+    return max(0, free), max(0, cap)
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text or text == "max":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def cgroup_memory(root: Path = Path("/sys/fs/cgroup")) -> tuple[int | None, int | None]:
+    """(limit, usage) of this process's cgroup, v2 or v1; (None, None) where there is none."""
+    if (root / "memory.max").exists():
+        return _read_int(root / "memory.max"), _read_int(root / "memory.current")
+    v1 = root / "memory"
+    limit = _read_int(v1 / "memory.limit_in_bytes")
+    if limit is not None and limit >= 1 << 60:  # v1 spells "no limit" as a huge number
+        limit = None
+    return limit, _read_int(v1 / "memory.usage_in_bytes")
+
+
+def device_memory(device) -> tuple[int, int]:
+    """(free, total) bytes of the device a chunk will run on, read now."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return int(free), int(total)
+    if device.type == "mps":
+        total = int(torch.mps.recommended_max_memory())
+        return max(0, total - int(torch.mps.driver_allocated_memory())), total
+    import psutil
+
+    vm = psutil.virtual_memory()
+    limit, usage = cgroup_memory()
+    return host_memory(vm.available, vm.total, limit, usage)

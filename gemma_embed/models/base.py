@@ -1,0 +1,50 @@
+"""The small interface every model family implements: prepare one item, encode one batch of units.
+
+A *unit* is one input to an encoder tower: an image, one sampled video frame, or one audio window. Items become
+units in the prepare stage; the batching stage groups units of all items; the engine encodes groups; the
+pipeline regroups unit rows per item. Nothing here knows about files or output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class Unit:
+    """One encoder input, unbatched, with what batching and planning need to know about it."""
+
+    inputs: dict[str, Any]  # tensors without a batch dimension, padding already trimmed
+    length: int  # patches (vision) or feature frames (audio): the batching key
+    rows: int  # output rows this unit yields
+    item: int = -1  # index of the item it belongs to, set by the pipeline
+
+
+@dataclass
+class PreparedItem:
+    units: list[Unit]
+    meta: dict = field(default_factory=dict)  # per-item metadata for the output file
+    rows_per_unit: int | None = None  # set when every unit yields the same rows (video frames)
+
+
+class Tower(Protocol):
+    """An encoder tower plus its projection into the language model's space."""
+
+    grouping: str  # "exact": only equal lengths share a batch; "ragged": padded with a mask
+    device: Any
+    dtype: Any
+
+    def unit_cost(self, length: int) -> int:
+        """Modelled peak transient bytes one unit of this length adds to a forward pass."""
+
+    def encode(self, units: list[Unit], space: str) -> list[Any]:
+        """Rows per unit, in order, still on the device."""
+
+
+class Preparer(Protocol):
+    """Turns one decoded item into units, with transformers' own processor applied to that item alone."""
+
+    def prepare(self, decoded: Any) -> PreparedItem: ...
+
+    def describe(self) -> dict: ...

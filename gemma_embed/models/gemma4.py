@@ -1,0 +1,127 @@
+"""Gemma 4 (and EmbeddingGemma 2, which reuses its towers): vision tower + `embed_vision`, image preparer."""
+
+from __future__ import annotations
+
+import torch
+
+from gemma_embed.errors import CheckpointError
+from gemma_embed.memory import vision_item_cost
+from gemma_embed.models.base import PreparedItem, Unit
+from gemma_embed.models.loading import Checkpoint, build_without_init, find_prefix, load_module, read_tensors
+
+# Where each family stores its vision tower; EmbeddingGemma 2 has no "model." prefix.
+VISION_PREFIXES = {
+    "vision_tower": ("model.vision_tower.", "vision_tower."),
+    "embed_vision": ("model.embed_vision.", "embed_vision."),
+}
+
+
+def _sub_config(config, name: str):
+    sub = getattr(config, name, None)
+    return sub
+
+
+class Gemma4VisionTower:
+    """Gemma 4 vision encoder + projection. Units of one batch must share a patch count (no padding)."""
+
+    grouping = "exact"
+
+    def __init__(self, checkpoint: Checkpoint, device, dtype):
+        from transformers.models.gemma4.modeling_gemma4 import Gemma4MultimodalEmbedder, Gemma4VisionModel
+
+        config = checkpoint.config
+        vision_config = _sub_config(config, "vision_config")
+        text_config = _sub_config(config, "text_config")
+        if vision_config is None:
+            raise CheckpointError(f"{checkpoint.source}: this checkpoint has no vision tower (no vision_config); "
+                                  f"model type {getattr(config, 'model_type', '?')}")
+        prefixes = {name: find_prefix(checkpoint, cands) for name, cands in VISION_PREFIXES.items()}
+        for name, prefix in prefixes.items():
+            if prefix is None:
+                raise CheckpointError(f"{checkpoint.source}: no {name} tensors in the checkpoint "
+                                      f"(looked for {' or '.join(VISION_PREFIXES[name])})")
+        # SDPA without a mask: buckets hold no padding, so the kernel never needs the N x N mask.
+        vision_config._attn_implementation = "sdpa"
+        self.config = vision_config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.tower = load_module(
+            build_without_init(lambda: Gemma4VisionModel(vision_config)),
+            read_tensors(checkpoint, prefixes["vision_tower"]), prefixes["vision_tower"], dtype, device,
+        )
+        self.embed = load_module(
+            build_without_init(lambda: Gemma4MultimodalEmbedder(vision_config, text_config)),
+            read_tensors(checkpoint, prefixes["embed_vision"]), prefixes["embed_vision"], dtype, device,
+        )
+        self.pool_area = vision_config.pooling_kernel_size ** 2
+        self.output_dims = {"tower": vision_config.hidden_size, "language": text_config.hidden_size}
+
+    def unit_cost(self, length: int) -> int:
+        cfg = self.config
+        return vision_item_cost(
+            patches=length, hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
+            heads=cfg.num_attention_heads, bytes_per_element=torch.empty((), dtype=self.dtype).element_size(),
+            pooling_kernel=cfg.pooling_kernel_size,
+            materialises_scores=cfg._attn_implementation == "eager",
+        )
+
+    def encode(self, units: list[Unit], space: str) -> list[torch.Tensor]:
+        lengths = {u.length for u in units}
+        if len(lengths) != 1:
+            raise ValueError(f"vision batch mixes patch counts {sorted(lengths)}")
+        pixels = torch.stack([u.inputs["pixel_values"] for u in units]).to(self.device, self.dtype)
+        positions = torch.stack([u.inputs["position_ids"] for u in units]).to(self.device)
+        hidden = self.tower(pixel_values=pixels, pixel_position_ids=positions).last_hidden_state
+        if space == "language":
+            hidden = self.embed(inputs_embeds=hidden)
+        return list(torch.split(hidden, [u.rows for u in units]))
+
+
+def trim_vision_inputs(pixel_values: torch.Tensor, position_ids: torch.Tensor, pool_area: int) -> list[Unit]:
+    """Processor output (B, max_patches, ...) -> one unit per image with its padding patches removed."""
+    units = []
+    for pixels, positions in zip(pixel_values, position_ids, strict=True):
+        valid = (positions != -1).all(dim=-1)
+        n = int(valid.sum())
+        # The processor puts real patches first; verify rather than assume, since slicing relies on it.
+        if not bool(valid[:n].all()):
+            raise ValueError("processor output has padding patches before real ones")
+        units.append(Unit(inputs={"pixel_values": pixels[:n].contiguous(), "position_ids": positions[:n].contiguous()},
+                          length=n, rows=n // pool_area))
+    return units
+
+
+class Gemma4ImagePreparer:
+    """transformers' image processor from the checkpoint, applied to one image at a time."""
+
+    def __init__(self, checkpoint: Checkpoint, max_soft_tokens: int | None = None):
+        from transformers import AutoImageProcessor
+
+        try:
+            self.processor = AutoImageProcessor.from_pretrained(str(checkpoint.folder))
+        except (OSError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"{checkpoint.source}: cannot load its image processor: "
+                                  f"{' '.join(str(exc).split())}") from exc
+        self.max_soft_tokens = int(max_soft_tokens or getattr(self.processor, "max_soft_tokens", 280))
+        vision_config = getattr(checkpoint.config, "vision_config", None)
+        self.pool_area = (vision_config.pooling_kernel_size if vision_config else 3) ** 2
+        self.patch_size = getattr(self.processor, "patch_size", 16)
+
+    def describe(self) -> dict:
+        return {"processor": type(self.processor).__name__, "max_soft_tokens": self.max_soft_tokens}
+
+    def prepare(self, image) -> PreparedItem:
+        out = self.processor([image], return_tensors="pt", max_soft_tokens=self.max_soft_tokens)
+        (unit,) = trim_vision_inputs(out["pixel_values"], out["image_position_ids"], self.pool_area)
+        positions = unit.inputs["position_ids"]
+        grid_w = int(positions[:, 0].max()) + 1
+        grid_h = int(positions[:, 1].max()) + 1
+        meta = {
+            "width": image.width,
+            "height": image.height,
+            "max_soft_tokens": self.max_soft_tokens,
+            "resized_width": grid_w * self.patch_size,
+            "resized_height": grid_h * self.patch_size,
+            "patches": unit.length,
+        }
+        return PreparedItem(units=[unit], meta=meta)

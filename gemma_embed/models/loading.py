@@ -1,0 +1,174 @@
+"""Resolve a checkpoint (local folder or hub id) and load only the encoder towers' tensors.
+
+The language model's weights are never read: the index's `weight_map` says which shards hold tower tensors, and
+only those are opened (and, for a hub id, downloaded). A single-file checkpoint is opened with `safe_open`, which
+maps the file and reads only the requested tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gemma_embed.errors import CheckpointError
+
+CONFIG_FILE = "config.json"
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json")
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint's config and where each tensor lives; tensors are fetched on demand."""
+
+    source: str  # what the user passed: a folder or a hub id
+    revision: str | None
+    folder: Path  # local folder with config.json and processor files
+    config: object  # transformers PretrainedConfig (composite)
+    weight_map: dict[str, str]  # tensor key -> file name relative to the checkpoint
+    is_local: bool
+    _fetched: dict[str, Path] = field(default_factory=dict)
+
+    def file_for(self, filename: str) -> Path:
+        """Local path of one weight file, downloading it (alone) for a hub id."""
+        if filename not in self._fetched:
+            if self.is_local:
+                path = self.folder / filename
+            else:
+                path = Path(_hub_download(self.source, filename, self.revision))
+            self._fetched[filename] = path
+        return self._fetched[filename]
+
+
+def _hub_download(repo_id: str, filename: str, revision: str | None, optional: bool = False) -> str | None:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        return hf_hub_download(repo_id, filename, revision=revision)
+    except RepositoryNotFoundError as exc:
+        raise CheckpointError(f"{repo_id}: no such model on the hub (or it is gated; log in with `hf auth login`)") \
+            from exc
+    except LocalEntryNotFoundError as exc:
+        if optional:
+            return None
+        raise CheckpointError(
+            f"{repo_id}: {filename} is not in the local cache and the hub cannot be reached "
+            f"(offline or no network); pass a local folder with --model"
+        ) from exc
+    except EntryNotFoundError as exc:
+        if optional:
+            return None
+        raise CheckpointError(f"{repo_id}: the hub repository has no {filename}") from exc
+    except OSError as exc:
+        if optional:
+            return None
+        raise CheckpointError(f"{repo_id}: cannot download {filename}: {exc}") from exc
+
+
+def resolve_checkpoint(model: str, revision: str | None = None) -> Checkpoint:
+    """Find config, processor files and the tensor -> file map, downloading no weights yet."""
+    from transformers import AutoConfig
+
+    path = Path(model).expanduser()
+    is_local = path.is_dir()
+    if is_local:
+        folder = path
+        if not (folder / CONFIG_FILE).is_file():
+            raise CheckpointError(f"{model}: no {CONFIG_FILE} in this folder; is it a Hugging Face checkpoint?")
+    elif path.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1:
+        raise CheckpointError(f"{model}: not a checkpoint folder")
+    else:
+        config_path = _hub_download(model, CONFIG_FILE, revision)
+        folder = Path(config_path).parent
+        for name in PROCESSOR_FILES:
+            _hub_download(model, name, revision, optional=True)
+
+    try:
+        config = AutoConfig.from_pretrained(str(folder))
+    except (ValueError, KeyError, OSError) as exc:
+        raise CheckpointError(f"{model}: cannot read {CONFIG_FILE}: {' '.join(str(exc).split())}") from exc
+
+    index_path = folder / INDEX_FILE
+    if not is_local and not index_path.exists():
+        fetched = _hub_download(model, INDEX_FILE, revision, optional=True)
+        index_path = Path(fetched) if fetched else index_path
+    if index_path.is_file():
+        weight_map = json.loads(index_path.read_text())["weight_map"]
+    else:
+        single = folder / SINGLE_FILE
+        if not is_local:
+            single = Path(_hub_download(model, SINGLE_FILE, revision))
+        elif not single.is_file():
+            raise CheckpointError(f"{model}: no {SINGLE_FILE} or {INDEX_FILE} (only safetensors weights are read)")
+        from safetensors import safe_open
+
+        with safe_open(str(single), framework="pt") as fh:
+            weight_map = {key: SINGLE_FILE for key in fh.keys()}
+    return Checkpoint(source=model, revision=revision, folder=folder, config=config, weight_map=weight_map,
+                      is_local=is_local)
+
+
+def find_prefix(checkpoint: Checkpoint, candidates: Iterable[str]) -> str | None:
+    """The first candidate prefix under which the checkpoint stores any tensor."""
+    keys = checkpoint.weight_map.keys()
+    for prefix in candidates:
+        if any(k.startswith(prefix) for k in keys):
+            return prefix
+    return None
+
+
+def read_tensors(checkpoint: Checkpoint, prefix: str) -> dict:
+    """All tensors under `prefix` (prefix stripped), opening only the files that hold them."""
+    from safetensors import safe_open
+
+    by_file: dict[str, list[str]] = {}
+    for key, filename in checkpoint.weight_map.items():
+        if key.startswith(prefix):
+            by_file.setdefault(filename, []).append(key)
+    tensors = {}
+    for filename, keys in sorted(by_file.items()):
+        path = checkpoint.file_for(filename)
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                for key in keys:
+                    tensors[key[len(prefix):]] = fh.get_tensor(key)
+        except OSError as exc:
+            raise CheckpointError(f"{checkpoint.source}: cannot read {filename}: {exc}") from exc
+    return tensors
+
+
+def load_module(module, tensors: dict, where: str, dtype, device):
+    """Fill a module built without init from checkpoint tensors; strict both ways, naming the first bad key."""
+    import torch
+
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing:
+        raise CheckpointError(f"{where}: checkpoint lacks tensor {missing[0]!r} ({len(missing)} missing)")
+    if unexpected:
+        raise CheckpointError(f"{where}: checkpoint has unexpected tensor {unexpected[0]!r} "
+                              f"({len(unexpected)} unexpected)")
+    for key, value in tensors.items():
+        if tuple(value.shape) != tuple(expected[key].shape):
+            raise CheckpointError(f"{where}: tensor {key!r} has shape {tuple(value.shape)}, "
+                                  f"the config expects {tuple(expected[key].shape)}")
+    module.load_state_dict(tensors, strict=True)
+    module.to(device=torch.device(device), dtype=dtype)
+    return module.eval().requires_grad_(False)
+
+
+def build_without_init(factory):
+    """Construct a module skipping random init: the checkpoint overwrites every parameter anyway.
+
+    Modules are built on the CPU (not the meta device) so non-persistent buffers such as the rotary tables are
+    computed by their own constructors, as in `from_pretrained`.
+    """
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        return factory()

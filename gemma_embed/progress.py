@@ -1,0 +1,149 @@
+"""The one reporting object: rich progress on stderr, JSON on stdout, silence when asked.
+
+The library never prints anywhere else. Stderr is for people (a live bar only when it is a terminal); stdout is
+for programs: one JSON record per item with `--jsonl`, and always one final JSON summary line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import IO
+
+from gemma_embed.errors import ItemError
+
+
+def _human_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+class Reporter:
+    def __init__(self, quiet: bool = False, jsonl: bool = False, stdout: IO[str] | None = None,
+                 stderr: IO[str] | None = None, live: bool | None = None):
+        self.stdout = stdout or sys.stdout
+        self.stderr = stderr or sys.stderr
+        self.quiet = quiet
+        self.jsonl = jsonl
+        self.live = (not quiet) and (self.stderr.isatty() if live is None else live)
+        self.ok = 0
+        self.failed = 0
+        self.rows = 0
+        self.failures: list[dict] = []
+        self.started = time.monotonic()
+        self._progress = None
+        self._task = None
+        self._status = ""
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+    def start(self, description: str, total: int | None = None) -> None:
+        self.started = time.monotonic()
+        if not self.live:
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(), TimeRemainingColumn(),
+            console=Console(file=self.stderr), transient=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(description, total=total, rate="", status="")
+
+    def set_total(self, total: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, total=total)
+
+    def _advance(self) -> None:
+        if self._progress is None:
+            return
+        elapsed = max(1e-9, time.monotonic() - self.started)
+        done = self.ok + self.failed
+        status = self._status + (f" [red]{self.failed} failed[/]" if self.failed else "")
+        self._progress.update(self._task, completed=done, rate=f"{done / elapsed:.1f} items/s", status=status)
+
+    def _err(self, line: str) -> None:
+        if self.quiet:
+            return
+        if self._progress is not None:
+            self._progress.console.print(line, markup=False, highlight=False)
+        else:
+            print(line, file=self.stderr, flush=True)
+
+    def _out(self, record: dict) -> None:
+        print(json.dumps(record, ensure_ascii=False), file=self.stdout, flush=True)
+
+    # ------------------------------------------------------------------------------------------- events
+    def chunk_planned(self, plan, count: int) -> None:
+        self._status = f"bucket {plan.length} x{count}, chunk {plan.chunk}"
+        self._advance()
+
+    def note(self, message: str) -> None:
+        self._err(f"note: {message}")
+
+    def item_done(self, key: str, rows: int) -> None:
+        self.ok += 1
+        self.rows += rows
+        if self.jsonl:
+            self._out({"type": "item", "key": key, "status": "ok", "rows": rows})
+        self._advance()
+
+    def item_failed(self, error: ItemError) -> None:
+        self.failed += 1
+        record = error.as_record()
+        self.failures.append(record)
+        self._err(f"error: {error.key}: {error.message}")
+        if self.jsonl:
+            self._out({"type": "item", "status": "failed", **record})
+        self._advance()
+
+    def show_plan(self, plan: dict) -> None:
+        """A table for people on stderr, the plan as one JSON record on stdout."""
+        if not self.quiet:
+            from rich.console import Console
+            from rich.table import Table
+
+            table = Table(title=f"{plan['modality']}: {plan['items']} items, {plan['units']} units on "
+                                f"{plan['device']} ({plan['dtype']}); free {_human_bytes(plan['free_memory'])} of "
+                                f"{_human_bytes(plan['total_memory'])}, budget {_human_bytes(plan['budget'])}")
+            for column in ("length", "units", "cost per unit", "chunk"):
+                table.add_column(column, justify="right")
+            for b in plan["buckets"]:
+                table.add_row(str(b["length"]), str(b["units"]), _human_bytes(b["cost_per_unit"]), str(b["chunk"]))
+            Console(file=self.stderr).print(table)
+            for failure in plan["failures"]:
+                self._err(f"error: {failure['key']}: {failure['message']}")
+        self._out(plan)
+
+    def finish(self, summary: dict) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        elapsed = time.monotonic() - self.started
+        summary = {"type": "summary", "ok": self.ok, "failed": self.failed, "rows": self.rows,
+                   "seconds": round(elapsed, 3), "items_per_s": round(self.ok / elapsed, 3) if elapsed > 0 else None,
+                   **summary}
+        if not self.quiet:
+            line = (f"{self.ok} ok, {self.failed} failed in {elapsed:.1f} s "
+                    f"({summary['items_per_s'] or 0:.2f} items/s)")
+            if summary.get("peak_device_memory") is not None:
+                line += f", peak device memory {_human_bytes(summary['peak_device_memory'])}"
+            if summary.get("output"):
+                line += f" -> {summary['output']}"
+            self._err(line)
+        self._out(summary)
