@@ -80,22 +80,25 @@ def vision_item_cost(
 ) -> int:
     """Peak transient bytes one image of `patches` patches adds to a Gemma 4 vision-tower forward.
 
-    Terms (see bench/MEMORY.md for the measurements behind them):
-    - MLP: gate, act(gate), up and their product live together: 4 * N * I elements;
-    - residual stream, norms and q/k/v/o: about 4 * N * D elements;
-    - patch embedder: the 2*(px-0.5) copy of the input, N * 768 float32;
-    - pooler: an int64 one-hot (N x M), its float copy and a bool mask: 13 * N * M bytes, whatever the dtype;
-    - attention scores when the kernel materialises them (eager): 2 * H * N^2 elements.
+    The forward passes through phases whose transients do not coexist, so the peak is the largest phase
+    (bench/MEMORY.md compares this with profiler measurements):
+    - encoder MLP: gate, act(gate), up and their product live together, 4 * N * I elements, beside the
+      residual stream and its normed copy (2 * N * D);
+    - attention, only where the kernel materialises scores (eager): 2 * H * N^2 elements beside q/k/v/o;
+    - pooler: an int64 one-hot (N x M), its float copy and a bool mask, 13 * N * M bytes whatever the dtype,
+      beside the float32 hidden states;
+    - patch embedder: the 2*(px-0.5) float32 copy of the input and its projection.
     """
     n = max(0, int(patches))
     if n == 0:
         return 0
     s = max(1, int(bytes_per_element))
     tokens = max(1, n // (pooling_kernel * pooling_kernel))
-    cost = n * (4 * intermediate + 4 * hidden) * s + n * patch_dim * 4 + 13 * n * tokens
-    if materialises_scores:
-        cost += 2 * heads * n * n * s
-    return int(cost)
+    mlp = n * (4 * intermediate + 2 * hidden) * s
+    pooler = 13 * n * tokens + 2 * n * hidden * 4
+    embedder = 2 * n * patch_dim * 4 + n * hidden * s
+    attention = (2 * heads * n * n + 4 * n * hidden) * s if materialises_scores else 0
+    return int(max(mlp, pooler, embedder, attention))
 
 
 def audio_item_cost(mel_frames: int, bytes_per_element: int) -> int:

@@ -1,0 +1,50 @@
+"""Out-of-memory back-off: an injected OOM above a chunk size halves the chunk; outputs are unchanged."""
+
+from __future__ import annotations
+
+import torch
+from helpers import run_images
+
+import gemma_embed
+from gemma_embed.engine import OOM_TEST_ENV
+from gemma_embed.models.gemma4 import Gemma4VisionTower
+
+
+def test_oom_backoff_gives_same_outputs(tmp_path, gemma4_dir, image_dir, monkeypatch):
+    reference_out = tmp_path / "ref.safetensors"
+    assert run_images([image_dir], gemma4_dir, reference_out, max_soft_tokens=70, batch_size=1)[0] == 0
+
+    sizes = []
+    original = Gemma4VisionTower.encode
+
+    def spy(self, units, space):
+        sizes.append(len(units))
+        return original(self, units, space)
+
+    monkeypatch.setattr(Gemma4VisionTower, "encode", spy)
+    monkeypatch.setenv(OOM_TEST_ENV, "1")
+    out = tmp_path / "oom.safetensors"
+    code, records, err = run_images([image_dir], gemma4_dir, out, max_soft_tokens=70)
+    assert code == 0
+    assert max(sizes) == 1  # every chunk that reached the tower fitted under the injected limit
+    assert records[-1]["oom_backoffs"] >= 1
+    assert "out of memory at chunk" in err and "retrying with chunk" in err
+    ours, ref = gemma_embed.load(out), gemma_embed.load(reference_out)
+    assert ours.keys() == ref.keys()
+    for key in ref:
+        assert torch.equal(ours[key], ref[key])
+
+
+def test_encode_failure_of_one_unit_spares_the_rest(tmp_path, gemma4_dir, image_dir, monkeypatch):
+    original = Gemma4VisionTower.encode
+
+    def flaky(self, units, space):
+        if any(u.rows == 60 for u in units):  # the 4000x300 image at 70 tokens
+            raise RuntimeError("kernel exploded")
+        return original(self, units, space)
+
+    monkeypatch.setattr(Gemma4VisionTower, "encode", flaky)
+    code, records, err = run_images([image_dir], gemma4_dir, tmp_path / "o.safetensors", max_soft_tokens=70)
+    failed = [r for r in records if r.get("status") == "failed"]
+    assert code == 1 and failed and all(r["stage"] == "encode" for r in failed)
+    assert len(gemma_embed.load(tmp_path / "o.safetensors")) == len(records) - 1 - len(failed)
