@@ -108,6 +108,9 @@ OUTPUT_OPTIONS = [
 ]
 
 
+COMMON_NAMES = {p.name for p in [PATHS, *MODEL_OPTIONS, *OUTPUT_OPTIONS]} | {"jsonl", "quiet"}
+
+
 def _config(modality: str, opts: dict) -> RunConfig:
     value = lambda v: v.value if isinstance(v, Enum) else v  # noqa: E731
     opts = {k: value(v) for k, v in opts.items()}
@@ -129,6 +132,8 @@ def _config(modality: str, opts: dict) -> RunConfig:
         on_error=opts.get("on_error", "skip"),
         null_separated=opts["null"],
         max_soft_tokens=opts["max_soft_tokens"],
+        # Options of one modality alone (video's --fps, audio's --window-s, ...) travel as `extra`.
+        extra={k: v for k, v in opts.items() if k not in COMMON_NAMES},
     )
 
 
@@ -152,11 +157,13 @@ def _embed(modality: str, opts: dict) -> None:
     raise typer.Exit(code)
 
 
-def _command(modality: str, summary: str):
+def _command(modality: str, summary: str, extra_options: list[inspect.Parameter] = ()):
+    """One embedding command: the shared options plus those of its modality."""
+
     def command(**opts) -> None:
         _embed(modality, opts)
 
-    command.__signature__ = inspect.Signature([PATHS, *OUTPUT_OPTIONS, *MODEL_OPTIONS])
+    command.__signature__ = inspect.Signature([PATHS, *OUTPUT_OPTIONS, *MODEL_OPTIONS, *extra_options])
     command.__doc__ = summary
     return command
 

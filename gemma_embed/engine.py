@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from gemma_embed import memory
+from gemma_embed.batching import Group
 from gemma_embed.errors import ItemError
 from gemma_embed.models.base import Tower, Unit
 
@@ -76,10 +77,11 @@ class Engine:
         elif self.tower.device.type == "mps":
             torch.mps.empty_cache()
 
-    def run(self, units: list[Unit], indices: tuple[int, ...], keys: list[str]) -> dict[int, torch.Tensor | ItemError]:
-        """Encode units[i] for i in indices. Returns rows on the CPU, or the failure, per index."""
+    def run(self, units: list[Unit], group: Group, keys: list[str]) -> dict[int, torch.Tensor | ItemError]:
+        """Encode the group's units, planned at its (padded) length. Rows on the CPU, or the failure, per index."""
         results: dict[int, torch.Tensor | ItemError] = {}
-        plan = self.plan(units[indices[0]].length)
+        indices = group.indices
+        plan = self.plan(group.length)
         size = plan.chunk
         if self.reporter:
             self.reporter.chunk_planned(plan, len(indices))

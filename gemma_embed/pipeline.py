@@ -14,7 +14,6 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -24,7 +23,8 @@ from gemma_embed.config import RunConfig
 from gemma_embed.engine import Engine
 from gemma_embed.errors import ItemError, UsageError
 from gemma_embed.media import file_facts
-from gemma_embed.models.base import PreparedItem, Preparer, Tower, Unit
+from gemma_embed.modalities import Modality, build_modality
+from gemma_embed.models.base import PreparedItem, Tower, Unit
 from gemma_embed.progress import Reporter
 from gemma_embed.sources import Source, iter_sources
 from gemma_embed.store import EmbeddingWriter, check_output_path
@@ -62,30 +62,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
             return torch.bfloat16
         return torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
-# --------------------------------------------------------------------------------------------- modalities
-
-
-@dataclass
-class Modality:
-    """What differs between images, video and audio: how to decode a file and which preparer and tower."""
-
-    name: str
-    decode: Callable[[str], Any]
-    preparer: Preparer
-    tower: Tower
-
-
-def build_modality(config: RunConfig, checkpoint, device, dtype) -> Modality:
-    if config.modality == "images":
-        from gemma_embed.media.image import decode_image
-        from gemma_embed.models.gemma4 import Gemma4ImagePreparer, Gemma4VisionTower
-
-        preparer = Gemma4ImagePreparer(checkpoint, config.max_soft_tokens)
-        tower = Gemma4VisionTower(checkpoint, device, dtype) if device is not None else None
-        return Modality("images", decode_image, preparer, tower)
-    raise UsageError(f"modality {config.modality!r} is not supported yet")
 
 
 def _grouping(tower: Tower) -> Callable[[list[int]], list]:
@@ -155,7 +131,7 @@ def encode_window(engine: Engine, prepared: list[Prepared]) -> list[torch.Tensor
             keys.append(p.source.key)
     unit_rows: dict[int, torch.Tensor | ItemError] = {}
     for group in _grouping(engine.tower)([u.length for u in units]):
-        unit_rows.update(engine.run(units, group.indices, keys))
+        unit_rows.update(engine.run(units, group, keys))
     per_item: list[list] = [[] for _ in prepared]
     for i, unit in enumerate(units):
         per_item[unit.item].append(unit_rows[i])
