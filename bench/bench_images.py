@@ -1,0 +1,109 @@
+"""Images: gemma-embed against the per-item reference loop, same files and checkpoint, in one run.
+
+    python -m bench.bench_images [--images 48] [--budgets 70,280,1120] [--vision-hidden 256 --vision-layers 4]
+
+Each side runs in its own fresh process (so peak RSS is its own): the reference loads the full model with
+`from_pretrained` and calls the processor + `get_image_features` per image; gemma-embed runs its pipeline on
+the same folder. Prints load and embed seconds, images/s, the speed ratio and peak RSS of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.common import Timer, emit, peak_rss, run_child
+
+ASPECTS = [(640, 480), (480, 640), (1920, 1080), (1080, 1920), (512, 512), (4000, 300), (300, 1200),
+           (1280, 960), (800, 600), (1024, 768), (720, 1280), (1, 1)]
+
+
+def make_images(folder: Path, count: int) -> None:
+    from conftest import write_image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        w, h = ASPECTS[i % len(ASPECTS)]
+        write_image(folder / f"img{i:04d}.{'jpg' if i % 2 else 'png'}", w, h, seed=i)
+
+
+def child_reference(ckpt: str, folder: str, budget: int) -> dict:
+    import torch
+    from PIL import Image, ImageOps
+    from transformers import AutoImageProcessor, Gemma4ForConditionalGeneration
+
+    torch.set_grad_enabled(False)
+    with Timer() as load:
+        model = Gemma4ForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
+        processor = AutoImageProcessor.from_pretrained(ckpt)
+    files = sorted(Path(folder).iterdir())
+    with Timer() as embed:
+        for file in files:
+            with Image.open(file) as img:
+                image = ImageOps.exif_transpose(img).convert("RGB")
+            inputs = processor([image], return_tensors="pt", max_soft_tokens=budget)
+            model.get_image_features(pixel_values=inputs["pixel_values"],
+                                     image_position_ids=inputs["image_position_ids"])
+    return {"load_s": load.seconds, "embed_s": embed.seconds, "items": len(files), "peak_rss": peak_rss()}
+
+
+def child_ours(ckpt: str, folder: str, budget: int, out: str) -> dict:
+    import io
+
+    from gemma_embed.config import RunConfig
+    from gemma_embed.pipeline import run
+    from gemma_embed.progress import Reporter
+
+    config = RunConfig(modality="images", inputs=(folder,), output=Path(out), model=ckpt, device="cpu",
+                       overwrite=True, max_soft_tokens=budget)
+    stdout = io.StringIO()
+    with Timer() as total:
+        code = run(config, Reporter(quiet=True, stdout=stdout))
+    summary = json.loads(stdout.getvalue().splitlines()[-1])
+    assert code == 0, summary
+    # The summary's seconds cover sources..write; the rest of `total` is checkpoint loading.
+    return {"load_s": total.seconds - summary["seconds"], "embed_s": summary["seconds"], "items": summary["ok"],
+            "peak_rss": peak_rss()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--images", type=int, default=48)
+    parser.add_argument("--budgets", default="70,280,1120")
+    parser.add_argument("--vision-hidden", type=int, default=256)
+    parser.add_argument("--vision-layers", type=int, default=4)
+    parser.add_argument("--child", nargs="*")
+    args = parser.parse_args()
+    if args.child:
+        kind, *rest = args.child
+        fn = child_reference if kind == "reference" else child_ours
+        emit(fn(rest[0], rest[1], int(rest[2]), *rest[3:]))
+        return
+
+    from make_tiny_checkpoint import build_gemma4
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        ckpt = build_gemma4(tmp / "ckpt", seed=0, audio=False, vision_hidden=args.vision_hidden,
+                            vision_layers=args.vision_layers)
+        make_images(tmp / "images", args.images)
+        print(f"# {args.images} images, vision tower D={args.vision_hidden} L={args.vision_layers}, "
+              f"{os.cpu_count()} CPUs, torch threads default", file=sys.stderr)
+        print(f"{'budget':>6} {'side':>10} {'load s':>7} {'embed s':>8} {'img/s':>7} {'peak RSS MiB':>13}")
+        for budget in [int(b) for b in args.budgets.split(",")]:
+            ref = run_child("bench_images", "--child", "reference", str(ckpt), str(tmp / "images"), str(budget))
+            ours = run_child("bench_images", "--child", "ours", str(ckpt), str(tmp / "images"), str(budget),
+                             str(tmp / "out.safetensors"))
+            for side, r in (("reference", ref), ("gemma-embed", ours)):
+                print(f"{budget:>6} {side:>10} {r['load_s']:>7.2f} {r['embed_s']:>8.2f} "
+                      f"{r['items'] / r['embed_s']:>7.2f} {r['peak_rss'] / 2**20:>13.0f}")
+            print(f"{budget:>6} {'ratio':>10} {'':>7} {ref['embed_s'] / ours['embed_s']:>7.2f}x faster "
+                  f"(embed time, reference / gemma-embed)")
+
+
+if __name__ == "__main__":
+    main()
