@@ -98,7 +98,14 @@ MODEL_OPTIONS = [
 OUTPUT_OPTIONS = [
     _param("output", Annotated[Path, typer.Option("-o", "--output", help="Output .safetensors file.")],
            Path("embeddings.safetensors")),
-    _param("overwrite", Annotated[bool, typer.Option(help="Replace an existing output file.")], False),
+    _param("overwrite", Annotated[bool, typer.Option(
+        help="Replace an existing output (and discard an unfinished run's parts).")], False),
+    _param("resume", Annotated[bool, typer.Option(
+        help="Finish an interrupted run (or add to an existing output): items already saved with the same "
+             "content hash are skipped.")], False),
+    _param("flush_every", Annotated[int, typer.Option(
+        min=1, help="Save finished items to part files at least every this many items (and every 60 s).")], 500),
+    _param("debug", Annotated[bool, typer.Option(help="Show tracebacks of failed items.")], False),
     _param("output_dtype", Annotated[OutputDtype, typer.Option(help="dtype of the stored rows.")],
            OutputDtype.float32),
     _param("pool", Annotated[Pool, typer.Option(help="none: every row; mean: one row per item.")], Pool.none),
@@ -129,6 +136,9 @@ def _config(modality: str, opts: dict) -> RunConfig:
         memory_budget=opts["memory_budget"],
         workers=opts["workers"],
         overwrite=opts.get("overwrite", False),
+        resume=opts.get("resume", False),
+        flush_every=opts.get("flush_every", 500),
+        debug=opts.get("debug", False),
         on_error=opts.get("on_error", "skip"),
         null_separated=opts["null"],
         max_soft_tokens=opts["max_soft_tokens"],
@@ -147,7 +157,7 @@ def _embed(modality: str, opts: dict) -> None:
     from gemma_embed.pipeline import run
     from gemma_embed.progress import Reporter
 
-    reporter = Reporter(quiet=opts["quiet"], jsonl=opts["jsonl"])
+    reporter = Reporter(quiet=opts["quiet"], jsonl=opts["jsonl"], debug=opts["debug"])
     try:
         code = run(_config(modality, opts), reporter)
     except UsageError as exc:

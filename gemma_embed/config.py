@@ -25,6 +25,9 @@ class RunConfig:
     memory_budget: str | None = None  # bytes ("2GiB", "500000000") or a fraction of free memory ("0.3")
     workers: int = 2
     overwrite: bool = False
+    resume: bool = False
+    flush_every: int = 500  # part files at least every this many items (and every 60 s)
+    debug: bool = False  # tracebacks for failures
     on_error: str = "skip"  # skip | stop
     null_separated: bool = False
     max_soft_tokens: int | None = None  # images: the processor's budget; None keeps the checkpoint's

@@ -35,7 +35,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 class Engine:
     def __init__(self, tower: Tower, space: str, budget_spec: memory.BudgetSpec = memory.BudgetSpec(),
-                 batch_cap: int | None = None, reporter=None):
+                 batch_cap: int | None = None, reporter=None, should_stop=None):
         self.tower = tower
         self.space = space
         self.budget_spec = budget_spec
@@ -43,6 +43,7 @@ class Engine:
         self.reporter = reporter
         self.cost_scale = 1.0  # raised when a device measures more than the model predicts
         self.backoffs = 0
+        self.should_stop = should_stop or (lambda: None)  # raises to stop between chunks
         hook = os.environ.get(OOM_TEST_ENV)
         self.oom_above: int | None = int(hook) if hook else None
 
@@ -87,6 +88,7 @@ class Engine:
             self.reporter.chunk_planned(plan, len(indices))
         pending = list(indices)
         while pending:
+            self.should_stop()
             batch_ix = tuple(pending[:size])
             batch = [units[i] for i in batch_ix]
             try:

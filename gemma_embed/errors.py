@@ -19,22 +19,30 @@ class CheckpointError(UsageError):
     """The checkpoint lacks what the command needs, or its tensors do not match the tower."""
 
 
+class RunError(GemmaEmbedError):
+    """The run had to stop (disk full, output unwritable); finished work is kept where it could be."""
+
+
 class ItemError(GemmaEmbedError):
     """One item failed at one stage. The message is one line and names the file."""
 
-    def __init__(self, key: str, stage: str, message: str, error_type: str | None = None):
+    def __init__(self, key: str, stage: str, message: str, error_type: str | None = None,
+                 traceback_text: str | None = None):
         self.key = key
         self.stage = stage
         self.error_type = error_type or type(self).__name__
         self.message = " ".join(str(message).split())  # always one line
+        self.traceback_text = traceback_text  # shown with --debug only
         super().__init__(f"{key}: {self.message}")
 
     @classmethod
     def wrap(cls, key: str, stage: str, exc: BaseException) -> ItemError:
         if isinstance(exc, ItemError):
             return exc
+        import traceback
+
         text = str(exc) or type(exc).__name__
-        return cls(key, stage, text, type(exc).__name__)
+        return cls(key, stage, text, type(exc).__name__, "".join(traceback.format_exception(exc)))
 
     def as_record(self) -> dict:
         return {"key": self.key, "stage": self.stage, "error": self.error_type, "message": self.message}

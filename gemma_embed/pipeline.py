@@ -21,13 +21,14 @@ from gemma_embed import memory
 from gemma_embed.batching import exact_buckets, ragged_groups
 from gemma_embed.config import RunConfig
 from gemma_embed.engine import Engine
-from gemma_embed.errors import ItemError, UsageError
+from gemma_embed.errors import ItemError, RunError, UsageError
+from gemma_embed.interrupts import Interrupted, stop_on_signals
 from gemma_embed.media import file_facts
 from gemma_embed.modalities import Modality, build_modality
 from gemma_embed.models.base import PreparedItem, Tower, Unit
 from gemma_embed.progress import Reporter
 from gemma_embed.sources import Source, iter_sources
-from gemma_embed.store import EmbeddingWriter, check_output_path
+from gemma_embed.store import EmbeddingWriter, check_output_path, write_errors
 
 WINDOW_ITEMS = 256
 RAGGED_MAX_PADDING = 0.25
@@ -78,31 +79,44 @@ class Prepared:
     source: Source
     item: PreparedItem | None = None
     error: ItemError | None = None
+    already_done: bool = False  # --resume: this key's rows are saved for this exact content
 
 
-def decode_and_prepare(modality: Modality, source: Source) -> Prepared:
+def decode_and_prepare(modality: Modality, source: Source,
+                       is_done: Callable[[str, str], bool] | None = None) -> Prepared:
     if source.error:
         return Prepared(source, error=ItemError(source.key, "find", source.error, "FileNotFoundError"))
     stage = "decode"
     try:
         facts = file_facts(source.path)
+        if is_done is not None and is_done(source.key, facts["sha256"]):
+            return Prepared(source, already_done=True)
         decoded = modality.decode(source.path)
         stage = "prepare"
         item = modality.preparer.prepare(decoded)
     except Exception as exc:  # noqa: BLE001 - a bad file is a record, never the end of the run
-        if isinstance(exc, IsADirectoryError):
-            exc = ValueError("is a directory, not a media file")
+        if isinstance(exc, PermissionError):
+            exc = PermissionError(f"permission denied: {exc.strerror or exc}")
         return Prepared(source, error=ItemError.wrap(source.key, stage, exc))
     item.meta = {"path": source.path, **facts, **item.meta}
     return Prepared(source, item=item)
 
 
-def prepared_stream(modality: Modality, sources: Iterable[Source], workers: int) -> Iterator[list[Prepared]]:
-    """Windows of prepared items, in input order; decoding runs in threads ahead of the consumer."""
+def prepared_stream(modality: Modality, sources: Iterable[Source], workers: int, window_items: int = WINDOW_ITEMS,
+                    is_done: Callable[[str, str], bool] | None = None) -> Iterator[list[Prepared]]:
+    """Windows of prepared items, in input order. Worker threads decode the next window while the caller
+    encodes this one, so the device waits on decoding as little as possible; two windows at most are held."""
     it = iter(sources)
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="decode") as pool:
-        while window := list(itertools.islice(it, WINDOW_ITEMS)):
-            yield list(pool.map(lambda s: decode_and_prepare(modality, s), window))
+        def submit() -> list:
+            return [pool.submit(decode_and_prepare, modality, s, is_done)
+                    for s in itertools.islice(it, window_items)]
+
+        current = submit()
+        while current:
+            upcoming = submit()
+            yield [f.result() for f in current]
+            current = upcoming
 
 
 def pool_rows(rows: torch.Tensor, pool: str, rows_per_unit: int | None = None) -> torch.Tensor:
@@ -163,45 +177,72 @@ def _header(config: RunConfig, checkpoint, modality: Modality, device, dtype) ->
 
 
 def run(config: RunConfig, reporter: Reporter, stdin=None) -> int:
-    """Embed every item; returns the exit code (0 all written, 1 some failed)."""
+    """Embed every item; returns the exit code (0 all written, 1 some failed, 130/143 interrupted)."""
     from gemma_embed.models.loading import resolve_checkpoint
 
-    check_output_path(config.output, config.overwrite)
+    check_output_path(config.output, config.overwrite, config.resume)
     budget_spec = _budget_spec(config)
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     checkpoint = resolve_checkpoint(config.model, config.revision)
     modality = build_modality(config, checkpoint, device, dtype)
-    engine = Engine(modality.tower, config.space, budget_spec, config.batch_size, reporter)
     writer = EmbeddingWriter(config.output, _header(config, checkpoint, modality, device, dtype),
-                             config.output_dtype)
+                             config.output_dtype, flush_every=config.flush_every, resume=config.resume)
     sources = list(iter_sources(config.inputs, config.modality, stdin, config.null_separated))
     reporter.start(f"{config.modality}", total=len(sources))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    stopped = False
-    for window in prepared_stream(modality, sources, config.workers):
+    with stop_on_signals() as stop:
+        engine = Engine(modality.tower, config.space, budget_spec, config.batch_size, reporter,
+                        should_stop=stop.check)
+        try:
+            _embed_all(config, modality, engine, writer, sources, reporter, stop)
+        except Interrupted as interrupted:
+            _save(writer.flush, writer.parts)
+            write_errors(config.output, reporter.failures)
+            reporter.note(f"interrupted by {interrupted}: {len(writer)} items are saved in {writer.parts}; "
+                          f"run the same command with --resume to finish")
+            reporter.finish({"output": None, "interrupted": str(interrupted), "items": len(writer)})
+            return 128 + interrupted.signum
+    out = _save(lambda: writer.close([s.key for s in sources]), config.output)
+    write_errors(config.output, reporter.failures)
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    reporter.finish({"output": str(out), "items": len(writer), "resumed": writer.resumed,
+                     "failures": reporter.failures, "peak_device_memory": peak, "oom_backoffs": engine.backoffs,
+                     "device": str(device), "dtype": str(dtype).removeprefix("torch.")})
+    return 1 if reporter.failed else 0
+
+
+def _embed_all(config: RunConfig, modality: Modality, engine: Engine, writer: EmbeddingWriter,
+               sources: list[Source], reporter: Reporter, stop) -> None:
+    window_items = max(1, min(WINDOW_ITEMS, config.flush_every))
+    is_done = writer.is_done if config.resume else None
+    for window in prepared_stream(modality, sources, config.workers, window_items, is_done):
+        stop.check()
         results = encode_window(engine, window)
         for p, rows in zip(window, results, strict=True):
+            if p.already_done:
+                reporter.item_done(p.source.key, 0, resumed=True)
+                continue
             error = p.error or (rows if isinstance(rows, ItemError) else None)
             if error is not None:
                 reporter.item_failed(error)
                 if config.on_error == "stop":
-                    stopped = True
-                    break
+                    reporter.note("stopped at the first failure (--on-error stop); items done so far are written")
+                    return
                 continue
             pooled = pool_rows(rows, config.pool, p.item.rows_per_unit)
-            writer.add(p.source.key, pooled, p.item.meta)
+            _save(lambda p=p, pooled=pooled: writer.add(p.source.key, pooled, p.item.meta), writer.parts)
             reporter.item_done(p.source.key, int(pooled.shape[0]))
-        if stopped:
-            reporter.note("stopped at the first failure (--on-error stop); items done so far are written")
-            break
-    out = writer.close()
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    reporter.finish({"output": str(out), "items": len(writer), "failures": reporter.failures,
-                     "peak_device_memory": peak, "oom_backoffs": engine.backoffs,
-                     "device": str(device), "dtype": str(dtype).removeprefix("torch.")})
-    return 1 if reporter.failed else 0
+
+
+def _save(action: Callable, where):
+    """Run a write; a full disk or unwritable folder ends the run with one clear line (parts stay intact)."""
+    try:
+        return action()
+    except OSError as exc:
+        raise RunError(f"{where}: cannot write: {exc.strerror or exc}; finished parts are kept, free space "
+                       f"and run again with --resume") from exc
 
 
 def _budget_spec(config: RunConfig) -> memory.BudgetSpec:

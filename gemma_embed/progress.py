@@ -14,6 +14,11 @@ from typing import IO
 from gemma_embed.errors import ItemError
 
 
+def printable(text: str) -> str:
+    """A key for people: bytes of non-UTF-8 file names shown as escapes instead of crashing the terminal."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def _human_bytes(n: float | None) -> str:
     if n is None:
         return "-"
@@ -26,11 +31,12 @@ def _human_bytes(n: float | None) -> str:
 
 class Reporter:
     def __init__(self, quiet: bool = False, jsonl: bool = False, stdout: IO[str] | None = None,
-                 stderr: IO[str] | None = None, live: bool | None = None):
+                 stderr: IO[str] | None = None, live: bool | None = None, debug: bool = False):
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         self.quiet = quiet
         self.jsonl = jsonl
+        self.debug = debug
         self.live = (not quiet) and (self.stderr.isatty() if live is None else live)
         self.ok = 0
         self.failed = 0
@@ -86,7 +92,7 @@ class Reporter:
             print(line, file=self.stderr, flush=True)
 
     def _out(self, record: dict) -> None:
-        print(json.dumps(record, ensure_ascii=False), file=self.stdout, flush=True)
+        print(json.dumps(record, ensure_ascii=True), file=self.stdout, flush=True)
 
     # ------------------------------------------------------------------------------------------- events
     def chunk_planned(self, plan, count: int) -> None:
@@ -96,18 +102,20 @@ class Reporter:
     def note(self, message: str) -> None:
         self._err(f"note: {message}")
 
-    def item_done(self, key: str, rows: int) -> None:
+    def item_done(self, key: str, rows: int, resumed: bool = False) -> None:
         self.ok += 1
         self.rows += rows
         if self.jsonl:
-            self._out({"type": "item", "key": key, "status": "ok", "rows": rows})
+            self._out({"type": "item", "key": key, "status": "resumed" if resumed else "ok", "rows": rows})
         self._advance()
 
     def item_failed(self, error: ItemError) -> None:
         self.failed += 1
         record = error.as_record()
         self.failures.append(record)
-        self._err(f"error: {error.key}: {error.message}")
+        self._err(f"error: {printable(error.key)}: {printable(error.message)}")
+        if self.debug and error.traceback_text:
+            self._err(error.traceback_text.rstrip())
         if self.jsonl:
             self._out({"type": "item", "status": "failed", **record})
         self._advance()

@@ -17,7 +17,7 @@ def show(path: Path, limit: int = 20, as_json: bool = False) -> None:
 
     meta = read_metadata(path)
     if as_json:
-        print(json.dumps(meta, ensure_ascii=False, indent=2))
+        print(json.dumps(meta, ensure_ascii=True, indent=2))
         return
     console = Console(file=sys.stdout)
     header = Table(show_header=False, box=None)

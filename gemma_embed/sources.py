@@ -51,20 +51,21 @@ def iter_sources(
     """Yield each item once, in input order; folders are walked recursively in sorted order.
 
     Keys: the path as given for files, the path relative to the folder for folder contents (prefixed with the
-    folder as given when that name is already taken). A path that does not exist is yielded with an error so
-    the run reports it and goes on.
+    folder as given when that name is already taken). Folders on the command line are walked; entries of a
+    stdin list must be files. A path that cannot be an item (missing, dangling link, a folder in a list) is
+    yielded with an error so the run reports it and goes on.
     """
     extensions = EXTENSIONS[modality]
     seen_paths: set[str] = set()
     seen_keys: set[str] = set()
 
-    def expanded() -> Iterator[str]:
+    def expanded() -> Iterator[tuple[str, bool]]:
         for given in inputs:
             if given == "-":
                 stream = stdin if stdin is not None else sys.stdin.buffer
-                yield from read_path_list(stream, null_separated)
+                yield from ((p, True) for p in read_path_list(stream, null_separated))
             else:
-                yield given
+                yield given, False
 
     def emit(key: str, path: Path, error: str | None = None) -> Iterator[Source]:
         ident = os.path.realpath(path) if error is None else str(path)
@@ -74,9 +75,12 @@ def iter_sources(
         seen_keys.add(key)
         yield Source(key=key, path=str(path), error=error)
 
-    for given in expanded():
+    for given, listed in expanded():
         path = Path(given)
-        if path.is_dir():
+        if path.is_dir() and listed:
+            # A stdin list names files (find . -name '*.jpg' also prints folders called x.jpg).
+            yield from emit(given, path, "is a directory, not a media file")
+        elif path.is_dir():
             for file in _walk(path, extensions):
                 rel = file.relative_to(path).as_posix()
                 key = rel if rel not in seen_keys else (path / rel).as_posix()

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,13 +23,34 @@ from gemma_embed.errors import UsageError
 OUTPUT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def check_output_path(path: Path, overwrite: bool) -> None:
-    """Fail before any work if the output exists (without --overwrite) or its folder is not writable."""
+PARTS_SUFFIX = ".parts"
+# Settings that change an item's rows: parts made under other values cannot be resumed into this run.
+FINGERPRINT = ("model", "revision", "modality", "space", "pooling", "compute_dtype", "preprocessing", "dtype")
+
+
+def parts_folder(output: Path) -> Path:
+    """Where an unfinished run keeps its flushed parts: beside the output, named after it."""
+    output = Path(output)
+    return output.with_name(output.name + PARTS_SUFFIX)
+
+
+def errors_path(output: Path) -> Path:
+    output = Path(output)
+    return output.with_name(output.name.removesuffix(".safetensors") + ".errors.jsonl")
+
+
+def check_output_path(path: Path, overwrite: bool, resume: bool = False) -> None:
+    """Fail before any work if the run would clobber something, or the output folder is not writable."""
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"{path}: output path is a folder")
-    if path.exists() and not overwrite:
-        raise UsageError(f"{path}: output exists; pass --overwrite to replace it")
+    parts = parts_folder(path)
+    if not resume and not overwrite:
+        if parts.exists():
+            raise UsageError(f"{parts}: an unfinished run left parts here; pass --resume to finish it "
+                             f"or --overwrite to start over")
+        if path.exists():
+            raise UsageError(f"{path}: output exists; pass --overwrite to replace it or --resume to add to it")
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise UsageError(f"{folder}: output folder does not exist")
@@ -39,10 +62,12 @@ def check_output_path(path: Path, overwrite: bool) -> None:
 
 
 def atomic_save(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: Path) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename: the file is whole or absent."""
     from safetensors.torch import save_file
 
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.",
+                               suffix=".tmp")
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=metadata)
@@ -57,42 +82,156 @@ def atomic_save(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path
         raise
 
 
+def _file_tensors(keys: list[str], items: list[dict], rows: list[torch.Tensor], header: dict[str, str],
+                  dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    width = rows[0].shape[1] if rows else 0
+    embeddings = torch.cat(rows) if rows else torch.zeros((0, width), dtype=dtype)
+    counts = torch.tensor([0] + [r.shape[0] for r in rows], dtype=torch.int64)
+    metadata = {
+        **header,
+        "format": FORMAT,
+        "created_by": f"gemma-embed {__version__}",
+        "dtype": str(dtype).removeprefix("torch."),
+        # ASCII JSON: file names that are not UTF-8 (surrogate-escaped by Python) survive the round trip.
+        "keys": json.dumps(keys, ensure_ascii=True),
+        "items": json.dumps(items, ensure_ascii=True),
+    }
+    return {"embeddings": embeddings, "offsets": torch.cumsum(counts, 0)}, metadata
+
+
 class EmbeddingWriter:
-    """Collects items in input order and writes them as one gemma-embed/1 file on `close`."""
+    """Collects items and writes one gemma-embed/1 file in the order `close` is given.
 
-    def __init__(self, path: Path, header: dict[str, str], output_dtype: str = "float32"):
+    Finished items are flushed to part files (`OUT.parts/part-NNNNNN.safetensors`, each written atomically) every
+    `flush_every` items and at least every `flush_seconds`, so a killed run loses at most that much. With
+    `resume`, items already in those parts (or in an existing output) are known by key and content hash, and
+    `close` assembles the final file from parts and new items alike.
+    """
+
+    def __init__(self, path: Path, header: dict[str, str], output_dtype: str = "float32",
+                 flush_every: int | None = None, flush_seconds: float = 60.0, resume: bool = False):
         self.path = Path(path)
-        self.header = dict(header)
+        self.parts = parts_folder(self.path)
         self.dtype = OUTPUT_DTYPES[output_dtype]
-        self.keys: list[str] = []
-        self.items: list[dict] = []
-        self.rows: list[torch.Tensor] = []
+        self.header = {**header, "dtype": str(self.dtype).removeprefix("torch.")}
+        self.flush_every = flush_every
+        self.flush_seconds = flush_seconds
+        self.pending: dict[str, tuple[dict, torch.Tensor]] = {}
+        self.saved: dict[str, tuple[Path, int, dict]] = {}  # key -> (file, position, item meta); latest wins
+        self.part_count = 0
+        self.last_flush = time.monotonic()
+        if resume:
+            self._index_previous_work()
+        elif self.parts.exists():
+            shutil.rmtree(self.parts)  # --overwrite: start over
 
+    # ------------------------------------------------------------------------------------------ resume
+    def _index_previous_work(self) -> None:
+        sources = ([self.path] if self.path.exists() else []) + sorted(self.parts.glob("part-*.safetensors"))
+        for file in sources:
+            meta = _read_header(file)
+            for field in FINGERPRINT:
+                if meta.get(field, "") != self.header.get(field, ""):
+                    raise UsageError(f"{file}: made with {field}={meta.get(field)!r}, this run has "
+                                     f"{self.header.get(field)!r}; use the same settings or --overwrite")
+            for position, (key, item) in enumerate(zip(json.loads(meta["keys"]), json.loads(meta["items"]),
+                                                       strict=True)):
+                self.saved[key] = (file, position, item)
+        numbers = [int(p.stem.split("-")[1]) for p in self.parts.glob("part-*.safetensors")]
+        self.part_count = max(numbers, default=-1) + 1
+
+    def is_done(self, key: str, sha256: str) -> bool:
+        """Whether this key's rows are already saved for this exact content."""
+        entry = self.saved.get(key)
+        return entry is not None and entry[2].get("sha256") == sha256
+
+    @property
+    def resumed(self) -> int:
+        return len(self.saved)
+
+    # ------------------------------------------------------------------------------------------- writing
     def add(self, key: str, rows: torch.Tensor, meta: dict) -> None:
         rows = rows.detach().to("cpu", self.dtype).contiguous()
         if rows.dim() != 2:
             raise ValueError(f"{key}: rows must be 2-D, got shape {tuple(rows.shape)}")
-        self.keys.append(key)
-        self.items.append({**meta, "rows": int(rows.shape[0])})
-        self.rows.append(rows)
+        self.pending[key] = ({**meta, "rows": int(rows.shape[0])}, rows)
+        if (self.flush_every and len(self.pending) >= self.flush_every) or \
+                time.monotonic() - self.last_flush >= self.flush_seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        """Move pending items into a new part file (atomically)."""
+        self.last_flush = time.monotonic()
+        if not self.pending:
+            return
+        self.parts.mkdir(exist_ok=True)
+        part = self.parts / f"part-{self.part_count:06d}.safetensors"
+        keys = list(self.pending)
+        tensors, metadata = _file_tensors(keys, [m for m, _ in self.pending.values()],
+                                          [r for _, r in self.pending.values()], self.header, self.dtype)
+        atomic_save(tensors, metadata, part)
+        self.part_count += 1
+        for position, (key, (meta, _)) in enumerate(self.pending.items()):
+            self.saved[key] = (part, position, meta)
+        self.pending.clear()
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(set(self.saved) | set(self.pending))
 
-    def close(self) -> Path:
-        width = self.rows[0].shape[1] if self.rows else 0
-        embeddings = torch.cat(self.rows) if self.rows else torch.zeros((0, width), dtype=self.dtype)
-        counts = torch.tensor([0] + [r.shape[0] for r in self.rows], dtype=torch.int64)
-        metadata = {
-            **self.header,
-            "format": FORMAT,
-            "created_by": f"gemma-embed {__version__}",
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "keys": json.dumps(self.keys, ensure_ascii=False),
-            "items": json.dumps(self.items, ensure_ascii=False),
-        }
-        atomic_save({"embeddings": embeddings, "offsets": torch.cumsum(counts, 0)}, metadata, self.path)
+    def close(self, order: list[str]) -> Path:
+        """Write the final file with the items of `order` that have rows, in that order; remove the parts."""
+        keys, items, rows = [], [], []
+        cache: dict[Path, tuple[torch.Tensor, list[int]]] = {}
+        for key in order:
+            if key in self.pending:
+                meta, tensor = self.pending[key]
+            elif key in self.saved:
+                file, position, meta = self.saved[key]
+                if file not in cache:
+                    cache[file] = _read_rows(file)
+                embeddings, offsets = cache[file]
+                tensor = embeddings[offsets[position]:offsets[position + 1]].to(self.dtype)
+            else:
+                continue
+            keys.append(key)
+            items.append(meta)
+            rows.append(tensor)
+        tensors, metadata = _file_tensors(keys, items, rows, self.header, self.dtype)
+        atomic_save(tensors, metadata, self.path)
+        if self.parts.exists():
+            shutil.rmtree(self.parts)
         return self.path
+
+
+def _read_header(file: Path) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as fh:
+        meta = dict(fh.metadata() or {})
+    if meta.get("format") != FORMAT:
+        raise UsageError(f"{file}: not a {FORMAT} file; refusing to resume from it")
+    return meta
+
+
+def _read_rows(file: Path) -> tuple[torch.Tensor, list[int]]:
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as fh:
+        return fh.get_tensor("embeddings"), fh.get_tensor("offsets").tolist()
+
+
+def write_errors(output: Path, failures: list[dict]) -> Path | None:
+    """`OUT.errors.jsonl`: one failure record per line (atomically); a stale one is removed when all went well."""
+    path = errors_path(output)
+    if not failures:
+        path.unlink(missing_ok=True)
+        return None
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        for record in failures:
+            fh.write(json.dumps(record, ensure_ascii=True) + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 # --------------------------------------------------------------------------------------------------- reader

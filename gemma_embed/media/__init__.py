@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 
 _HASH_BLOCK = 1 << 20
 
@@ -11,6 +12,11 @@ _HASH_BLOCK = 1 << 20
 def file_facts(path: str) -> dict:
     """Size, modification time and SHA-256 of the content: how `--resume` tells a changed file."""
     st = os.stat(path)
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError("is a directory, not a media file")
+    if not stat.S_ISREG(st.st_mode):
+        # A FIFO or device would block or never end: refuse before reading a byte.
+        raise ValueError("not a regular file")
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         while block := fh.read(_HASH_BLOCK):

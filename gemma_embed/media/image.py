@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -17,8 +16,6 @@ class ImageDecodeError(ValueError):
 
 def decode_image(path: str, max_pixels: int = MAX_PIXELS) -> Image.Image:
     """Return the upright RGB image; raise ImageDecodeError with a one-line reason."""
-    if os.path.isdir(path):
-        raise ImageDecodeError("is a directory, not an image file")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
