@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -12,8 +13,11 @@ from gemma_embed.batching import Group
 from gemma_embed.errors import ItemError
 from gemma_embed.models.base import Tower, Unit
 
-# Test hook: raise an out-of-memory error for any chunk larger than this (exercises the back-off on a CPU).
+# Test hooks, read from the environment so they reach a real `gemma-embed` process: raise an out-of-memory error
+# for any chunk larger than N (exercises the back-off on a CPU); sleep before each chunk (lets a test kill a run
+# midway, deterministically).
 OOM_TEST_ENV = "GEMMA_EMBED_TEST_OOM_ABOVE"
+DELAY_TEST_ENV = "GEMMA_EMBED_TEST_ENCODE_DELAY_S"
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class Engine:
         self.should_stop = should_stop or (lambda: None)  # raises to stop between chunks
         hook = os.environ.get(OOM_TEST_ENV)
         self.oom_above: int | None = int(hook) if hook else None
+        self.test_delay = float(os.environ.get(DELAY_TEST_ENV) or 0)
 
     def plan(self, length: int) -> ChunkPlan:
         """Chunk size for units of this length, from the device's memory as it is now."""
@@ -55,6 +60,8 @@ class Engine:
         return ChunkPlan(length, cost, free, total, budget, memory.chunk_size(cost, budget, self.batch_cap))
 
     def _encode(self, batch: list[Unit]) -> list[torch.Tensor]:
+        if self.test_delay:
+            time.sleep(self.test_delay)
         if self.oom_above is not None and len(batch) > self.oom_above:
             raise torch.OutOfMemoryError(f"injected out-of-memory for a chunk of {len(batch)}")
         device = self.tower.device

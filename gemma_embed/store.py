@@ -7,8 +7,10 @@ it is written to a temporary file in the same folder, flushed to disk, then rena
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -63,6 +65,7 @@ def check_output_path(path: Path, overwrite: bool, resume: bool = False) -> None
 
 def atomic_save(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: Path) -> None:
     """Write to a temporary file in the same folder, fsync, then rename: the file is whole or absent."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -70,7 +73,13 @@ def atomic_save(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path
                                suffix=".tmp")
     os.close(fd)
     try:
-        save_file(tensors, tmp, metadata=metadata)
+        try:
+            save_file(tensors, tmp, metadata=metadata)
+        except SafetensorError as exc:
+            # The Rust writer reports I/O failures (a full disk) as its own error type: make them OSErrors.
+            found = re.search(r"os error (\d+)", str(exc))
+            code = int(found.group(1)) if found else errno.EIO
+            raise OSError(code, os.strerror(code)) from exc
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -1,0 +1,267 @@
+"""Nothing lost, nothing hangs: the bad-input matrix, kills and resume, a full or read-only disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, write_image
+
+import gemma_embed
+from gemma_embed.engine import DELAY_TEST_ENV
+
+MODEL = ROOT / "samples" / "tiny-gemma4"
+EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
+
+
+def without_root_privilege() -> list[str]:
+    """Root reads any file whatever its mode; drop that capability so chmod 000 means what it says."""
+    if os.geteuid() == 0 and shutil.which("setpriv"):
+        return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+    return []
+
+
+def gemma_embed_cmd(*args, stdin: str | bytes | None = None, env: dict | None = None, timeout: float = 180,
+                    prefix: list[str] = ()) -> subprocess.CompletedProcess:
+    return subprocess.run([*prefix, EXE, *map(str, args)], input=stdin, capture_output=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def png_bomb(path: Path, width: int = 30000, height: int = 30000) -> Path:
+    """A tiny PNG whose header claims 900 megapixels: must be refused before any pixel is decoded."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+                     + chunk(b"IEND", b""))
+    return path
+
+
+def test_bad_image_matrix(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    good = [write_image(folder / "good-1.png", 64, 48, 1), write_image(folder / "good-2.jpg", 300, 120, 2)]
+    jpeg = (folder / "good-2.jpg").read_bytes()
+    bad: dict[str, Path] = {}
+    bad["empty"] = folder / "empty.jpg"
+    bad["empty"].write_bytes(b"")
+    bad["truncated"] = folder / "truncated.jpg"
+    bad["truncated"].write_bytes(jpeg[: len(jpeg) // 2])
+    bad["random bytes"] = folder / "noise.png"
+    bad["random bytes"].write_bytes(os.urandom(4096))
+    bad["text"] = folder / "notes.jpg"
+    bad["text"].write_text("not an image\n")
+    bad["dangling link"] = folder / "dangling.jpg"
+    os.symlink(folder / "gone.jpg", bad["dangling link"])
+    bad["unreadable"] = write_image(folder / "locked.png", 32, 32, 3)
+    bad["unreadable"].chmod(0)
+    bad["folder"] = folder / "album.jpg"
+    bad["folder"].mkdir()
+    bad["bomb"] = png_bomb(folder / "bomb.png")
+    bad["missing"] = folder / "missing.jpg"
+    bad["fifo"] = folder / "pipe.jpg"
+    os.mkfifo(bad["fifo"])
+    weird = os.fsdecode(os.fsencode(str(folder)) + b"/caf\xe9-broken.jpg")
+    Path(weird).write_bytes(b"\xff\xd8\xff garbage")
+    bad["non-utf8 name"] = Path(weird)
+    good_weird = os.fsdecode(os.fsencode(str(folder)) + b"/na\xefve.png")
+    write_image(Path(good_weird), 40, 40, 4)
+    good.append(Path(good_weird))
+
+    listing = b"".join(os.fsencode(str(p)) + b"\0" for p in [good[0], *bad.values(), good[1], good[2]])
+    out = tmp_path / "out.safetensors"
+    started = time.monotonic()
+    proc = gemma_embed_cmd("images", "-", "-0", "--model", MODEL, "-o", out, "--jsonl", stdin=listing,
+                           prefix=without_root_privilege(), timeout=240)
+    assert time.monotonic() - started < 240
+    stderr = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == 1, stderr
+    assert "Traceback" not in stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == len(bad), errors
+    shown = "\n".join(errors)
+    for kind, path in bad.items():
+        name = path.name if kind != "non-utf8 name" else "caf\\xe9-broken.jpg"
+        assert sum(name in line for line in errors) == 1, (kind, shown)
+    assert "decompression-bomb" in shown and "permission denied" in shown.lower()
+    written = gemma_embed.load(out)
+    assert list(written) == [str(p) for p in good]
+    records = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert len(records) == len(bad) and {r["stage"] for r in records} <= {"find", "decode", "prepare"}
+    assert all(set(r) == {"key", "stage", "error", "message"} for r in records)
+
+
+def _images(folder: Path, count: int) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    sizes = [(64, 48), (48, 64), (100, 100), (300, 40), (40, 300)]
+    for i in range(count):
+        w, h = sizes[i % len(sizes)]
+        write_image(folder / f"img{i:02d}.png", w, h, i)
+    return folder
+
+
+def _same_output(a: Path, b: Path) -> None:
+    ra, rb = gemma_embed.load(a), gemma_embed.load(b)
+    assert list(ra) == list(rb)
+    for key in ra:
+        assert torch.equal(ra[key], rb[key]), key
+    ma, mb = gemma_embed.read_metadata(a), gemma_embed.read_metadata(b)
+    assert ma == mb
+
+
+def _start_and_stop(tmp_path, images, out, sig) -> subprocess.CompletedProcess:
+    args = [EXE, "images", str(images), "--model", str(MODEL), "-o", str(out), "--flush-every", "2",
+            "--batch-size", "1", "--max-soft-tokens", "70"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, DELAY_TEST_ENV: "0.4"})
+    parts = out.with_name(out.name + ".parts")
+    deadline = time.monotonic() + 120
+    while len(list(parts.glob("part-*.safetensors"))) < 2:
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline, "no parts were flushed"
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(args, proc.returncode, stdout.decode(), stderr.decode())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path, sig):
+    images = _images(tmp_path / "images", 12)
+    reference = tmp_path / "reference.safetensors"
+    assert gemma_embed_cmd("images", images, "--model", MODEL, "-o", reference, "--max-soft-tokens", "70",
+                           "-q").returncode == 0
+
+    out = tmp_path / "out.safetensors"
+    stopped = _start_and_stop(tmp_path, images, out, sig)
+    parts = out.with_name(out.name + ".parts")
+    if sig == signal.SIGINT:
+        assert stopped.returncode == 130, stopped.stderr
+        assert "--resume" in stopped.stderr and "Traceback" not in stopped.stderr
+    else:
+        assert stopped.returncode == -signal.SIGKILL
+    assert not out.exists()
+    saved = sum(len(gemma_embed.read_metadata(p)["keys"]) for p in parts.glob("part-*.safetensors"))
+    assert 4 <= saved < 12
+    assert not list(parts.glob("*.tmp"))
+
+    again = gemma_embed_cmd("images", images, "--model", MODEL, "-o", out, "--max-soft-tokens", "70")
+    assert again.returncode == 2 and b"--resume" in again.stderr  # never clobbers parts without --resume
+
+    resumed = gemma_embed_cmd("images", images, "--model", MODEL, "-o", out, "--max-soft-tokens", "70",
+                              "--resume", "--jsonl")
+    assert resumed.returncode == 0, resumed.stderr
+    statuses = [json.loads(line).get("status") for line in resumed.stdout.decode().splitlines()]
+    assert statuses.count("resumed") == saved and statuses.count("ok") == 12 - saved
+    _same_output(out, reference)
+    assert not parts.exists()
+
+
+def test_resume_redoes_changed_files_and_adds_new_ones(tmp_path):
+    from helpers import run_images
+
+    images = _images(tmp_path / "images", 4)
+    out = tmp_path / "out.safetensors"
+    assert run_images([images], MODEL, out, max_soft_tokens=70)[0] == 0
+    write_image(images / "img01.png", 90, 30, 99)  # changed content, same key
+    write_image(images / "img99.png", 30, 90, 98)  # new file
+    code, records, _ = run_images([images], MODEL, out, max_soft_tokens=70, resume=True, overwrite=False)
+    assert code == 0
+    status = {r["key"]: r["status"] for r in records if r["type"] == "item"}
+    assert status == {"img00.png": "resumed", "img01.png": "ok", "img02.png": "resumed", "img03.png": "resumed",
+                      "img99.png": "ok"}
+    fresh = tmp_path / "fresh.safetensors"
+    assert run_images([images], MODEL, fresh, max_soft_tokens=70)[0] == 0
+    _same_output(out, fresh)
+    # Settings that change the rows cannot be mixed into the same output.
+    from gemma_embed.errors import UsageError
+
+    with pytest.raises(UsageError, match="space"):
+        run_images([images], MODEL, out, max_soft_tokens=70, resume=True, overwrite=False, space="tower")
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root); the in-process full-disk test still runs")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_full_disk_fails_cleanly(tmp_path, small_tmpfs):
+    images = _images(tmp_path / "images", 10)
+    out = small_tmpfs / "out.safetensors"
+    proc = gemma_embed_cmd("images", images, "--model", MODEL, "-o", out, "--flush-every", "1",
+                           "--max-soft-tokens", "70")
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 1, stderr
+    assert "No space left on device" in stderr and "--resume" in stderr and "Traceback" not in stderr
+    assert not out.exists()
+    leftovers = [p for p in small_tmpfs.rglob("*") if p.name.endswith((".tmp", ".probe"))]
+    assert leftovers == []
+    parts = sorted((small_tmpfs / "out.safetensors.parts").glob("part-*.safetensors"))
+    for part in parts:  # every part that exists is whole
+        assert len(gemma_embed.read_metadata(part)["keys"]) == 1
+
+
+def test_unwritable_output_folder(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=16k", "tmpfs", str(folder)],
+                      capture_output=True).returncode == 0:
+        prefix = []
+        cleanup = ["umount", str(folder)]
+    else:
+        folder.chmod(0o555)
+        prefix, cleanup = without_root_privilege(), None
+    try:
+        proc = gemma_embed_cmd("images", ROOT / "samples" / "media" / "images", "--model", MODEL, "-o",
+                               folder / "out.safetensors", prefix=prefix)
+        assert proc.returncode == 2
+        assert b"cannot write the output here" in proc.stderr
+    finally:
+        if cleanup:
+            subprocess.run(cleanup, check=False)
+
+
+def test_full_disk_in_process(tmp_path, monkeypatch):
+    """The same guarantee without a real small disk: the second part write fails with ENOSPC."""
+    import errno
+
+    from helpers import run_images
+
+    from gemma_embed import store
+    from gemma_embed.errors import RunError
+
+    images = _images(tmp_path / "images", 6)
+    real_save = store.atomic_save
+    calls = []
+
+    def failing_save(tensors, metadata, path):
+        calls.append(path)
+        if len(calls) >= 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(tensors, metadata, path)
+
+    monkeypatch.setattr(store, "atomic_save", failing_save)
+    out = tmp_path / "o.safetensors"
+    with pytest.raises(RunError, match="No space left on device"):
+        run_images([images], MODEL, out, max_soft_tokens=70, flush_every=2)
+    assert not out.exists()
+    (part,) = (tmp_path / "o.safetensors.parts").glob("part-*.safetensors")
+    assert len(gemma_embed.read_metadata(part)["keys"]) == 2
