@@ -9,8 +9,8 @@ regrouped per item, and written in input order.
 
 from __future__ import annotations
 
-import itertools
 import json
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,6 +31,7 @@ from gemma_embed.sources import Source, iter_sources
 from gemma_embed.store import EmbeddingWriter, check_output_path, write_errors
 
 WINDOW_ITEMS = 256
+WINDOW_BYTES = 1 << 30  # prepared tensors held per window (pixels of 1120-token images are ~31 MB each)
 RAGGED_MAX_PADDING = 0.25
 
 
@@ -102,21 +103,51 @@ def decode_and_prepare(modality: Modality, source: Source,
     return Prepared(source, item=item)
 
 
-def prepared_stream(modality: Modality, sources: Iterable[Source], workers: int, window_items: int = WINDOW_ITEMS,
-                    is_done: Callable[[str, str], bool] | None = None) -> Iterator[list[Prepared]]:
-    """Windows of prepared items, in input order. Worker threads decode the next window while the caller
-    encodes this one, so the device waits on decoding as little as possible; two windows at most are held."""
-    it = iter(sources)
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="decode") as pool:
-        def submit() -> list:
-            return [pool.submit(decode_and_prepare, modality, s, is_done)
-                    for s in itertools.islice(it, window_items)]
+def prepared_nbytes(prepared: Prepared) -> int:
+    if prepared.item is None:
+        return 0
+    return sum(t.nbytes for u in prepared.item.units for t in u.inputs.values() if hasattr(t, "nbytes"))
 
-        current = submit()
-        while current:
-            upcoming = submit()
-            yield [f.result() for f in current]
-            current = upcoming
+
+def prepared_stream(modality: Modality, sources: Iterable[Source], workers: int, window_items: int = WINDOW_ITEMS,
+                    window_bytes: int = WINDOW_BYTES,
+                    is_done: Callable[[str, str], bool] | None = None) -> Iterator[list[Prepared]]:
+    """Windows of prepared items, in input order, each at most `window_items` items or `window_bytes` of
+    prepared tensors.
+
+    Sources are pulled lazily. Worker threads keep decoding ahead while the caller encodes a window; how far
+    ahead adapts to the items' size so that the work in flight also stays near one window's bytes. Memory thus
+    stays flat however many files there are.
+    """
+    it = iter(sources)
+    inflight: deque = deque()
+    seen_items, seen_bytes = 0, 0
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="decode") as pool:
+        def top_up() -> None:
+            average = seen_bytes / seen_items if seen_items else 0
+            ahead = window_items if not average else int(window_bytes // max(1.0, average))
+            ahead = max(2 * workers, min(window_items, ahead))
+            while len(inflight) < ahead:
+                source = next(it, None)
+                if source is None:
+                    return
+                inflight.append(pool.submit(decode_and_prepare, modality, source, is_done))
+
+        top_up()
+        window: list[Prepared] = []
+        size = 0
+        while inflight:
+            prepared = inflight.popleft().result()
+            nbytes = prepared_nbytes(prepared)
+            seen_items, seen_bytes = seen_items + 1, seen_bytes + nbytes
+            window.append(prepared)
+            size += nbytes
+            top_up()
+            if len(window) >= window_items or size >= window_bytes:
+                yield window
+                window, size = [], 0
+        if window:
+            yield window
 
 
 def pool_rows(rows: torch.Tensor, pool: str, rows_per_unit: int | None = None) -> torch.Tensor:
@@ -188,8 +219,8 @@ def run(config: RunConfig, reporter: Reporter, stdin=None) -> int:
     modality = build_modality(config, checkpoint, device, dtype)
     writer = EmbeddingWriter(config.output, _header(config, checkpoint, modality, device, dtype),
                              config.output_dtype, flush_every=config.flush_every, resume=config.resume)
-    sources = list(iter_sources(config.inputs, config.modality, stdin, config.null_separated))
-    reporter.start(f"{config.modality}", total=len(sources))
+    sources = iter_sources(config.inputs, config.modality, stdin, config.null_separated)
+    reporter.start(f"{config.modality}")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with stop_on_signals() as stop:
@@ -200,28 +231,29 @@ def run(config: RunConfig, reporter: Reporter, stdin=None) -> int:
         except Interrupted as interrupted:
             _save(writer.flush, writer.parts)
             write_errors(config.output, reporter.failures)
-            reporter.note(f"interrupted by {interrupted}: {len(writer)} items are saved in {writer.parts}; "
+            reporter.note(f"interrupted by {interrupted}: {len(writer.saved)} items are saved in {writer.parts}; "
                           f"run the same command with --resume to finish")
             reporter.finish({"output": None, "interrupted": str(interrupted), "items": len(writer)})
             return 128 + interrupted.signum
-    out = _save(lambda: writer.close([s.key for s in sources]), config.output)
+    out = _save(writer.close, config.output)
     write_errors(config.output, reporter.failures)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    reporter.finish({"output": str(out), "items": len(writer), "resumed": writer.resumed,
+    reporter.finish({"output": str(out), "items": len(writer),
                      "failures": reporter.failures, "peak_device_memory": peak, "oom_backoffs": engine.backoffs,
                      "device": str(device), "dtype": str(dtype).removeprefix("torch.")})
     return 1 if reporter.failed else 0
 
 
 def _embed_all(config: RunConfig, modality: Modality, engine: Engine, writer: EmbeddingWriter,
-               sources: list[Source], reporter: Reporter, stop) -> None:
+               sources: Iterable[Source], reporter: Reporter, stop) -> None:
     window_items = max(1, min(WINDOW_ITEMS, config.flush_every))
     is_done = writer.is_done if config.resume else None
-    for window in prepared_stream(modality, sources, config.workers, window_items, is_done):
+    for window in prepared_stream(modality, sources, config.workers, window_items, is_done=is_done):
         stop.check()
         results = encode_window(engine, window)
         for p, rows in zip(window, results, strict=True):
             if p.already_done:
+                writer.keep(p.source.key)
                 reporter.item_done(p.source.key, 0, resumed=True)
                 continue
             error = p.error or (rows if isinstance(rows, ItemError) else None)

@@ -40,6 +40,7 @@ class Reporter:
         self.live = (not quiet) and (self.stderr.isatty() if live is None else live)
         self.ok = 0
         self.failed = 0
+        self.resumed = 0
         self.rows = 0
         self.failures: list[dict] = []
         self.started = time.monotonic()
@@ -104,6 +105,7 @@ class Reporter:
 
     def item_done(self, key: str, rows: int, resumed: bool = False) -> None:
         self.ok += 1
+        self.resumed += resumed
         self.rows += rows
         if self.jsonl:
             self._out({"type": "item", "key": key, "status": "resumed" if resumed else "ok", "rows": rows})
@@ -143,7 +145,7 @@ class Reporter:
             self._progress.stop()
             self._progress = None
         elapsed = time.monotonic() - self.started
-        summary = {"type": "summary", "ok": self.ok, "failed": self.failed, "rows": self.rows,
+        summary = {"type": "summary", "ok": self.ok, "failed": self.failed, "resumed": self.resumed, "rows": self.rows,
                    "seconds": round(elapsed, 3), "items_per_s": round(self.ok / elapsed, 3) if elapsed > 0 else None,
                    **summary}
         if not self.quiet:

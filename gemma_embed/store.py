@@ -126,6 +126,7 @@ class EmbeddingWriter:
         self.flush_every = flush_every
         self.flush_seconds = flush_seconds
         self.pending: dict[str, tuple[dict, torch.Tensor]] = {}
+        self.order: dict[str, None] = {}  # keys of this run in input order (added or kept from earlier work)
         self.saved: dict[str, tuple[Path, int, dict]] = {}  # key -> (file, position, item meta); latest wins
         self.part_count = 0
         self.last_flush = time.monotonic()
@@ -154,15 +155,18 @@ class EmbeddingWriter:
         entry = self.saved.get(key)
         return entry is not None and entry[2].get("sha256") == sha256
 
-    @property
-    def resumed(self) -> int:
-        return len(self.saved)
-
     # ------------------------------------------------------------------------------------------- writing
+    def keep(self, key: str) -> None:
+        """An item whose saved rows (from earlier work) go into this run's output at this position."""
+        if key not in self.saved:
+            raise KeyError(key)
+        self.order[key] = None
+
     def add(self, key: str, rows: torch.Tensor, meta: dict) -> None:
         rows = rows.detach().to("cpu", self.dtype).contiguous()
         if rows.dim() != 2:
             raise ValueError(f"{key}: rows must be 2-D, got shape {tuple(rows.shape)}")
+        self.order[key] = None
         self.pending[key] = ({**meta, "rows": int(rows.shape[0])}, rows)
         if (self.flush_every and len(self.pending) >= self.flush_every) or \
                 time.monotonic() - self.last_flush >= self.flush_seconds:
@@ -185,13 +189,13 @@ class EmbeddingWriter:
         self.pending.clear()
 
     def __len__(self) -> int:
-        return len(set(self.saved) | set(self.pending))
+        return len(self.order)
 
-    def close(self, order: list[str]) -> Path:
-        """Write the final file with the items of `order` that have rows, in that order; remove the parts."""
+    def close(self) -> Path:
+        """Write the final file with this run's items in input order; remove the parts."""
         keys, items, rows = [], [], []
         cache: dict[Path, tuple[torch.Tensor, list[int]]] = {}
-        for key in order:
+        for key in self.order:
             if key in self.pending:
                 meta, tensor = self.pending[key]
             elif key in self.saved:

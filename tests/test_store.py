@@ -16,7 +16,7 @@ def write(path, items, dtype="float32"):
     writer = EmbeddingWriter(path, {"model": "m", "modality": "images"}, dtype)
     for key, rows in items:
         writer.add(key, rows, {"path": key})
-    return writer.close([key for key, _ in items])
+    return writer.close()
 
 
 def test_round_trip_in_input_order(tmp_path):
