@@ -105,6 +105,8 @@ OUTPUT_OPTIONS = [
              "content hash are skipped.")], False),
     _param("flush_every", Annotated[int, typer.Option(
         min=1, help="Save finished items to part files at least every this many items (and every 60 s).")], 500),
+    _param("shard_size", Annotated[int | None, typer.Option(
+        min=1, help="Write OUT-00000.safetensors... of this many items each, plus OUT.index.json.")], None),
     _param("debug", Annotated[bool, typer.Option(help="Show tracebacks of failed items.")], False),
     _param("output_dtype", Annotated[OutputDtype, typer.Option(help="dtype of the stored rows.")],
            OutputDtype.float32),
@@ -138,6 +140,7 @@ def _config(modality: str, opts: dict) -> RunConfig:
         overwrite=opts.get("overwrite", False),
         resume=opts.get("resume", False),
         flush_every=opts.get("flush_every", 500),
+        shard_size=opts.get("shard_size"),
         debug=opts.get("debug", False),
         on_error=opts.get("on_error", "skip"),
         null_separated=opts["null"],

@@ -26,6 +26,7 @@ class RunConfig:
     workers: int = 2
     overwrite: bool = False
     resume: bool = False
+    shard_size: int | None = None  # items per output shard; None: one file (unless its metadata grows too big)
     flush_every: int = 500  # part files at least every this many items (and every 60 s)
     debug: bool = False  # tracebacks for failures
     on_error: str = "skip"  # skip | stop

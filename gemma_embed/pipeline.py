@@ -218,7 +218,8 @@ def run(config: RunConfig, reporter: Reporter, stdin=None) -> int:
     checkpoint = resolve_checkpoint(config.model, config.revision)
     modality = build_modality(config, checkpoint, device, dtype)
     writer = EmbeddingWriter(config.output, _header(config, checkpoint, modality, device, dtype),
-                             config.output_dtype, flush_every=config.flush_every, resume=config.resume)
+                             config.output_dtype, flush_every=config.flush_every, resume=config.resume,
+                             shard_size=config.shard_size)
     sources = iter_sources(config.inputs, config.modality, stdin, config.null_separated)
     reporter.start(f"{config.modality}")
     if device.type == "cuda":

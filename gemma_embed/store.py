@@ -14,7 +14,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -41,6 +41,48 @@ def errors_path(output: Path) -> Path:
     return output.with_name(output.name.removesuffix(".safetensors") + ".errors.jsonl")
 
 
+# safetensors refuses headers over 100 MB; shard well before an output's JSON metadata gets there.
+HEADER_CAP = 50_000_000
+
+
+def index_path(output: Path) -> Path:
+    output = Path(output)
+    return output.with_name(output.name.removesuffix(".safetensors") + ".index.json")
+
+
+def shard_path(output: Path, number: int) -> Path:
+    output = Path(output)
+    return output.with_name(f"{output.name.removesuffix('.safetensors')}-{number:05d}.safetensors")
+
+
+def output_files(output: Path) -> list[Path]:
+    """The files an existing output consists of: itself, or the shards its index lists; [] if none."""
+    output = Path(output)
+    if output.suffix == ".json":
+        index = output
+    elif output.exists():
+        return [output]
+    else:
+        index = index_path(output)
+    if not index.exists():
+        return []
+    return [index.parent / name for name in json.loads(index.read_text())["shards"]]
+
+
+def plan_shards(header_sizes: list[int], shard_size: int | None, header_cap: int = HEADER_CAP) -> list[range]:
+    """Consecutive item ranges, each at most `shard_size` items and under `header_cap` bytes of metadata."""
+    ranges: list[range] = []
+    start, size = 0, 0
+    for i, item_size in enumerate(header_sizes):
+        full = (shard_size and i - start >= shard_size) or (i > start and size + item_size > header_cap)
+        if full:
+            ranges.append(range(start, i))
+            start, size = i, 0
+        size += item_size
+    ranges.append(range(start, len(header_sizes)))
+    return ranges
+
+
 def check_output_path(path: Path, overwrite: bool, resume: bool = False) -> None:
     """Fail before any work if the run would clobber something, or the output folder is not writable."""
     path = Path(path)
@@ -51,7 +93,7 @@ def check_output_path(path: Path, overwrite: bool, resume: bool = False) -> None
         if parts.exists():
             raise UsageError(f"{parts}: an unfinished run left parts here; pass --resume to finish it "
                              f"or --overwrite to start over")
-        if path.exists():
+        if output_files(path):
             raise UsageError(f"{path}: output exists; pass --overwrite to replace it or --resume to add to it")
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
@@ -118,13 +160,15 @@ class EmbeddingWriter:
     """
 
     def __init__(self, path: Path, header: dict[str, str], output_dtype: str = "float32",
-                 flush_every: int | None = None, flush_seconds: float = 60.0, resume: bool = False):
+                 flush_every: int | None = None, flush_seconds: float = 60.0, resume: bool = False,
+                 shard_size: int | None = None):
         self.path = Path(path)
         self.parts = parts_folder(self.path)
         self.dtype = OUTPUT_DTYPES[output_dtype]
         self.header = {**header, "dtype": str(self.dtype).removeprefix("torch.")}
         self.flush_every = flush_every
         self.flush_seconds = flush_seconds
+        self.shard_size = shard_size
         self.pending: dict[str, tuple[dict, torch.Tensor]] = {}
         self.order: dict[str, None] = {}  # keys of this run in input order (added or kept from earlier work)
         self.saved: dict[str, tuple[Path, int, dict]] = {}  # key -> (file, position, item meta); latest wins
@@ -137,7 +181,7 @@ class EmbeddingWriter:
 
     # ------------------------------------------------------------------------------------------ resume
     def _index_previous_work(self) -> None:
-        sources = ([self.path] if self.path.exists() else []) + sorted(self.parts.glob("part-*.safetensors"))
+        sources = output_files(self.path) + sorted(self.parts.glob("part-*.safetensors"))
         for file in sources:
             meta = _read_header(file)
             for field in FINGERPRINT:
@@ -192,28 +236,62 @@ class EmbeddingWriter:
         return len(self.order)
 
     def close(self) -> Path:
-        """Write the final file with this run's items in input order; remove the parts."""
-        keys, items, rows = [], [], []
-        cache: dict[Path, tuple[torch.Tensor, list[int]]] = {}
-        for key in self.order:
-            if key in self.pending:
-                meta, tensor = self.pending[key]
-            elif key in self.saved:
-                file, position, meta = self.saved[key]
-                if file not in cache:
-                    cache[file] = _read_rows(file)
-                embeddings, offsets = cache[file]
-                tensor = embeddings[offsets[position]:offsets[position + 1]].to(self.dtype)
-            else:
-                continue
-            keys.append(key)
-            items.append(meta)
-            rows.append(tensor)
-        tensors, metadata = _file_tensors(keys, items, rows, self.header, self.dtype)
-        atomic_save(tensors, metadata, self.path)
+        """Write this run's items in input order: one file, or shards plus an index when `shard_size` (or the
+        metadata's size) calls for them. Then remove what the output replaces and the parts."""
+        entries = [(key, *self._entry(key)) for key in self.order if key in self.pending or key in self.saved]
+        sizes = [len(json.dumps(key)) + len(json.dumps(meta)) + 2 for key, meta, _ in entries]
+        ranges = plan_shards(sizes, self.shard_size, HEADER_CAP)
+        previous = output_files(self.path)
+        if len(ranges) == 1:
+            self._write(self.path, entries)
+            written = [self.path]
+        else:
+            written = [self._write(shard_path(self.path, n), [entries[i] for i in r]) for n, r in enumerate(ranges)]
+            if self.path.exists():
+                self.path.unlink()  # an older single-file output: the index below replaces it
+            index = {"format": FORMAT, "shards": [p.name for p in written],
+                     "keys": {key: n for n, r in enumerate(ranges) for key in (entries[i][0] for i in r)}}
+            _atomic_text(index_path(self.path), json.dumps(index, ensure_ascii=True))
+        for stale in set(previous) - set(written):
+            stale.unlink(missing_ok=True)
+        if len(ranges) == 1:
+            index_path(self.path).unlink(missing_ok=True)
         if self.parts.exists():
             shutil.rmtree(self.parts)
-        return self.path
+        return self.path if len(ranges) == 1 else index_path(self.path)
+
+    def _entry(self, key: str) -> tuple[dict, Callable[[], torch.Tensor]]:
+        if key in self.pending:
+            meta, tensor = self.pending[key]
+            return meta, lambda: tensor
+        file, position, meta = self.saved[key]
+        return meta, lambda: self._saved_rows(file, position)
+
+    def _saved_rows(self, file: Path, position: int) -> torch.Tensor:
+        # Items come in input order, so consecutive ones mostly share a file: keep just the last file read.
+        if getattr(self, "_cached_file", None) != file:
+            self._cached_file, self._cached_rows = file, _read_rows(file)
+        embeddings, offsets = self._cached_rows
+        return embeddings[offsets[position]:offsets[position + 1]].to(self.dtype)
+
+    def _write(self, path: Path, entries: list) -> Path:
+        tensors, metadata = _file_tensors([k for k, _, _ in entries], [m for _, m, _ in entries],
+                                          [rows() for _, _, rows in entries], self.header, self.dtype)
+        atomic_save(tensors, metadata, path)
+        return path
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _read_header(file: Path) -> dict:
@@ -239,11 +317,7 @@ def write_errors(output: Path, failures: list[dict]) -> Path | None:
     if not failures:
         path.unlink(missing_ok=True)
         return None
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        for record in failures:
-            fh.write(json.dumps(record, ensure_ascii=True) + "\n")
-    os.replace(tmp, path)
+    _atomic_text(path, "".join(json.dumps(record, ensure_ascii=True) + "\n" for record in failures))
     return path
 
 
@@ -251,15 +325,10 @@ def write_errors(output: Path, failures: list[dict]) -> Path | None:
 
 
 def _files(path: Path) -> list[Path]:
-    """The safetensors files behind an output: itself, or the shards its index lists."""
-    path = Path(path)
-    index = path if path.suffix == ".json" else path.with_name(path.name.removesuffix(".safetensors") + ".index.json")
-    if path.suffix == ".json" or (not path.exists() and index.exists()):
-        shards = json.loads(index.read_text())["shards"]
-        return [index.parent / s for s in shards]
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such output file")
-    return [path]
+    files = output_files(Path(path))
+    if not files:
+        raise FileNotFoundError(f"{path}: no such output (neither the file nor its .index.json)")
+    return files
 
 
 def read_metadata(path: str | os.PathLike) -> dict:

@@ -265,3 +265,22 @@ def test_full_disk_in_process(tmp_path, monkeypatch):
     assert not out.exists()
     (part,) = (tmp_path / "o.safetensors.parts").glob("part-*.safetensors")
     assert len(gemma_embed.read_metadata(part)["keys"]) == 2
+
+
+def test_resume_into_a_sharded_output(tmp_path):
+    from helpers import run_images
+
+    images = _images(tmp_path / "images", 5)
+    out = tmp_path / "out.safetensors"
+    assert run_images([images], MODEL, out, max_soft_tokens=70, shard_size=2)[0] == 0
+    assert not out.exists() and (tmp_path / "out.index.json").exists()
+    write_image(images / "img05.png", 30, 90, 97)
+    code, records, _ = run_images([images], MODEL, out, max_soft_tokens=70, shard_size=2, resume=True,
+                                  overwrite=False)
+    assert code == 0 and [r["status"] for r in records if r["type"] == "item"].count("resumed") == 5
+    fresh = tmp_path / "fresh.safetensors"
+    assert run_images([images], MODEL, fresh, max_soft_tokens=70)[0] == 0
+    ra, rb = gemma_embed.load(out), gemma_embed.load(fresh)
+    assert list(ra) == list(rb) and all(torch.equal(ra[k], rb[k]) for k in ra)
+    assert sorted(p.name for p in tmp_path.glob("out*")) == [
+        "out-00000.safetensors", "out-00001.safetensors", "out-00002.safetensors", "out.index.json"]

@@ -78,3 +78,43 @@ def test_keys_with_special_characters_are_data(tmp_path):
     assert list(gemma_embed.load(out)) == keys
     assert gemma_embed.read_metadata(out)["items"][0]["path"] == "../../etc/passwd"
     assert sorted(os.listdir(tmp_path)) == ["o.safetensors"]
+
+
+def test_plan_shards():
+    from gemma_embed.store import plan_shards
+
+    assert plan_shards([10] * 5, None) == [range(0, 5)]
+    assert plan_shards([10] * 5, 2) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert plan_shards([10] * 5, None, header_cap=25) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert plan_shards([100, 1, 1], None, header_cap=50) == [range(0, 1), range(1, 3)]  # an oversized item alone
+    assert plan_shards([], 3) == [range(0, 0)]
+
+
+def test_sharded_output_reads_like_one_file(tmp_path):
+    from gemma_embed.store import index_path
+
+    items = [(f"k{i}", torch.full((i + 1, 3), float(i))) for i in range(7)]
+    writer = EmbeddingWriter(tmp_path / "o.safetensors", {"model": "m"}, shard_size=3)
+    for key, rows in items:
+        writer.add(key, rows, {"path": key})
+    out = writer.close()
+    assert out == index_path(tmp_path / "o.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "o-00000.safetensors", "o-00001.safetensors", "o-00002.safetensors", "o.index.json"]
+    for path in (tmp_path / "o.safetensors", out):  # either name opens the sharded output
+        loaded = gemma_embed.load(path)
+        assert list(loaded) == [k for k, _ in items]
+        assert all(torch.equal(loaded[k], r) for k, r in items)
+        assert len(gemma_embed.read_metadata(path)["items"]) == 7
+
+
+def test_header_cap_forces_shards(tmp_path, monkeypatch):
+    from gemma_embed import store
+
+    monkeypatch.setattr(store, "HEADER_CAP", 300)
+    writer = EmbeddingWriter(tmp_path / "o.safetensors", {"model": "m"})
+    for i in range(6):
+        writer.add(f"key-{i}", torch.ones(1, 2), {"path": "x" * 100})
+    writer.close()
+    assert len(store.output_files(tmp_path / "o.safetensors")) >= 2
+    assert list(gemma_embed.load(tmp_path / "o.safetensors")) == [f"key-{i}" for i in range(6)]
