@@ -107,6 +107,10 @@ OUTPUT_OPTIONS = [
         min=1, help="Save finished items to part files at least every this many items (and every 60 s).")], 500),
     _param("shard_size", Annotated[int | None, typer.Option(
         min=1, help="Write OUT-00000.safetensors... of this many items each, plus OUT.index.json.")], None),
+    _param("num_shards", Annotated[int | None, typer.Option(
+        min=1, help="Split the input over this many processes (e.g. a SLURM array); with --shard-index.")], None),
+    _param("shard_index", Annotated[int | None, typer.Option(
+        min=0, help="This process's slice, 0 <= I < --num-shards (torchrun sets it from RANK).")], None),
     _param("debug", Annotated[bool, typer.Option(help="Show tracebacks of failed items.")], False),
     _param("output_dtype", Annotated[OutputDtype, typer.Option(help="dtype of the stored rows.")],
            OutputDtype.float32),
@@ -141,6 +145,8 @@ def _config(modality: str, opts: dict) -> RunConfig:
         resume=opts.get("resume", False),
         flush_every=opts.get("flush_every", 500),
         shard_size=opts.get("shard_size"),
+        num_shards=opts.get("num_shards"),
+        shard_index=opts.get("shard_index"),
         debug=opts.get("debug", False),
         on_error=opts.get("on_error", "skip"),
         null_separated=opts["null"],

@@ -29,6 +29,8 @@ class RunConfig:
     shard_size: int | None = None  # items per output shard; None: one file (unless its metadata grows too big)
     flush_every: int = 500  # part files at least every this many items (and every 60 s)
     debug: bool = False  # tracebacks for failures
+    num_shards: int | None = None  # scheduler arrays: this process embeds input items i % num_shards == shard_index
+    shard_index: int | None = None
     on_error: str = "skip"  # skip | stop
     null_separated: bool = False
     max_soft_tokens: int | None = None  # images: the processor's budget; None keeps the checkpoint's

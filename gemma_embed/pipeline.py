@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gemma_embed import memory
+from gemma_embed import distributed, memory
 from gemma_embed.batching import exact_buckets, ragged_groups
 from gemma_embed.config import RunConfig
 from gemma_embed.engine import Engine
@@ -38,10 +38,12 @@ RAGGED_MAX_PADDING = 0.25
 # --------------------------------------------------------------------------------------- device and dtype
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "auto":
         if torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
+            # One GPU per local rank under torchrun; the current device otherwise.
+            index = local_rank % torch.cuda.device_count() if local_rank else torch.cuda.current_device()
+            return torch.device("cuda", index)
         if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
@@ -208,20 +210,25 @@ def _header(config: RunConfig, checkpoint, modality: Modality, device, dtype) ->
 
 
 def run(config: RunConfig, reporter: Reporter, stdin=None) -> int:
-    """Embed every item; returns the exit code (0 all written, 1 some failed, 130/143 interrupted)."""
+    """Embed every item (of this process's slice); returns the exit code (0 all written, 1 some failed,
+    128+signal interrupted)."""
     from gemma_embed.models.loading import resolve_checkpoint
 
-    check_output_path(config.output, config.overwrite, config.resume)
+    part = distributed.current_slice(config.num_shards, config.shard_index)
+    output = distributed.slice_output(config.output, part)
+    check_output_path(output, config.overwrite, config.resume)
+    if part.is_split:
+        check_output_path(config.output, config.overwrite, config.resume)
     budget_spec = _budget_spec(config)
-    device = resolve_device(config.device)
+    device = resolve_device(config.device, part.local_rank)
     dtype = resolve_dtype(config.dtype, device)
     checkpoint = resolve_checkpoint(config.model, config.revision)
     modality = build_modality(config, checkpoint, device, dtype)
-    writer = EmbeddingWriter(config.output, _header(config, checkpoint, modality, device, dtype),
+    writer = EmbeddingWriter(output, _header(config, checkpoint, modality, device, dtype),
                              config.output_dtype, flush_every=config.flush_every, resume=config.resume,
                              shard_size=config.shard_size)
-    sources = iter_sources(config.inputs, config.modality, stdin, config.null_separated)
-    reporter.start(f"{config.modality}")
+    sources = distributed.take(iter_sources(config.inputs, config.modality, stdin, config.null_separated), part)
+    reporter.start(config.modality if not part.is_split else f"{config.modality} [{part.index}/{part.count}]")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with stop_on_signals() as stop:
@@ -231,18 +238,36 @@ def run(config: RunConfig, reporter: Reporter, stdin=None) -> int:
             _embed_all(config, modality, engine, writer, sources, reporter, stop)
         except Interrupted as interrupted:
             _save(writer.flush, writer.parts)
-            write_errors(config.output, reporter.failures)
+            write_errors(output, reporter.failures)
             reporter.note(f"interrupted by {interrupted}: {len(writer.saved)} items are saved in {writer.parts}; "
                           f"run the same command with --resume to finish")
             reporter.finish({"output": None, "interrupted": str(interrupted), "items": len(writer)})
             return 128 + interrupted.signum
-    out = _save(writer.close, config.output)
-    write_errors(config.output, reporter.failures)
+    written = _save(writer.close, output)
+    write_errors(output, reporter.failures)
+    if part.is_split:
+        written = _merge_slices(config.output, part, writer, reporter) or written
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    reporter.finish({"output": str(out), "items": len(writer),
-                     "failures": reporter.failures, "peak_device_memory": peak, "oom_backoffs": engine.backoffs,
+    reporter.finish({"output": str(written), "items": len(writer), "failures": reporter.failures,
+                     "peak_device_memory": peak, "oom_backoffs": engine.backoffs,
                      "device": str(device), "dtype": str(dtype).removeprefix("torch.")})
     return 1 if reporter.failed else 0
+
+
+def _merge_slices(output, part: distributed.Slice, writer: EmbeddingWriter, reporter: Reporter):
+    """Record this slice's input positions, then (rank 0 after a barrier, or whichever array task finds every
+    slice done) write the index that joins all slices."""
+    _save(lambda: distributed.write_manifest(writer.path, writer.order), writer.path)
+    if part.torchrun:
+        distributed.barrier()
+        merged = distributed.merge_index(output, part.count) if part.index == 0 else None
+        distributed.barrier()  # nobody exits (and lets torchrun tear the group down) before the index exists
+        distributed.finish_group()
+        return merged
+    merged = distributed.merge_index(output, part.count)
+    if merged is None:
+        reporter.note(f"slice {part.index} of {part.count} done; the last slice to finish writes the index")
+    return merged
 
 
 def _embed_all(config: RunConfig, modality: Modality, engine: Engine, writer: EmbeddingWriter,
@@ -254,7 +279,7 @@ def _embed_all(config: RunConfig, modality: Modality, engine: Engine, writer: Em
         results = encode_window(engine, window)
         for p, rows in zip(window, results, strict=True):
             if p.already_done:
-                writer.keep(p.source.key)
+                writer.keep(p.source.key, p.source.position)
                 reporter.item_done(p.source.key, 0, resumed=True)
                 continue
             error = p.error or (rows if isinstance(rows, ItemError) else None)
@@ -265,7 +290,8 @@ def _embed_all(config: RunConfig, modality: Modality, engine: Engine, writer: Em
                     return
                 continue
             pooled = pool_rows(rows, config.pool, p.item.rows_per_unit)
-            _save(lambda p=p, pooled=pooled: writer.add(p.source.key, pooled, p.item.meta), writer.parts)
+            _save(lambda p=p, pooled=pooled: writer.add(p.source.key, pooled, p.item.meta, p.source.position),
+                  writer.parts)
             reporter.item_done(p.source.key, int(pooled.shape[0]))
 
 

@@ -23,6 +23,7 @@ class Source:
     key: str
     path: str
     error: str | None = None  # set when the path cannot be an item (missing); reported, not fatal
+    position: int = 0  # place in the whole input: orders the output and assigns distributed slices
 
 
 def read_path_list(stream: IO[bytes] | IO[str], null_separated: bool) -> list[str]:
@@ -73,7 +74,7 @@ def iter_sources(
             return
         seen_paths.add(ident)
         seen_keys.add(key)
-        yield Source(key=key, path=str(path), error=error)
+        yield Source(key=key, path=str(path), error=error, position=len(seen_paths) - 1)
 
     for given, listed in expanded():
         path = Path(given)

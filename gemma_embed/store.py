@@ -170,7 +170,7 @@ class EmbeddingWriter:
         self.flush_seconds = flush_seconds
         self.shard_size = shard_size
         self.pending: dict[str, tuple[dict, torch.Tensor]] = {}
-        self.order: dict[str, None] = {}  # keys of this run in input order (added or kept from earlier work)
+        self.order: dict[str, int] = {}  # key -> input position, for this run's items (added or kept), in order
         self.saved: dict[str, tuple[Path, int, dict]] = {}  # key -> (file, position, item meta); latest wins
         self.part_count = 0
         self.last_flush = time.monotonic()
@@ -183,7 +183,10 @@ class EmbeddingWriter:
     def _index_previous_work(self) -> None:
         sources = output_files(self.path) + sorted(self.parts.glob("part-*.safetensors"))
         for file in sources:
-            meta = _read_header(file)
+            try:
+                meta = _read_header(file)
+            except ValueError as exc:
+                raise UsageError(f"cannot resume: {exc}") from exc
             for field in FINGERPRINT:
                 if meta.get(field, "") != self.header.get(field, ""):
                     raise UsageError(f"{file}: made with {field}={meta.get(field)!r}, this run has "
@@ -200,17 +203,17 @@ class EmbeddingWriter:
         return entry is not None and entry[2].get("sha256") == sha256
 
     # ------------------------------------------------------------------------------------------- writing
-    def keep(self, key: str) -> None:
-        """An item whose saved rows (from earlier work) go into this run's output at this position."""
+    def keep(self, key: str, position: int = 0) -> None:
+        """An item whose saved rows (from earlier work) go into this run's output here."""
         if key not in self.saved:
             raise KeyError(key)
-        self.order[key] = None
+        self.order[key] = position
 
-    def add(self, key: str, rows: torch.Tensor, meta: dict) -> None:
+    def add(self, key: str, rows: torch.Tensor, meta: dict, position: int = 0) -> None:
         rows = rows.detach().to("cpu", self.dtype).contiguous()
         if rows.dim() != 2:
             raise ValueError(f"{key}: rows must be 2-D, got shape {tuple(rows.shape)}")
-        self.order[key] = None
+        self.order[key] = position
         self.pending[key] = ({**meta, "rows": int(rows.shape[0])}, rows)
         if (self.flush_every and len(self.pending) >= self.flush_every) or \
                 time.monotonic() - self.last_flush >= self.flush_seconds:
@@ -300,7 +303,7 @@ def _read_header(file: Path) -> dict:
     with safe_open(str(file), framework="pt") as fh:
         meta = dict(fh.metadata() or {})
     if meta.get("format") != FORMAT:
-        raise UsageError(f"{file}: not a {FORMAT} file; refusing to resume from it")
+        raise ValueError(f"{file}: not a {FORMAT} file (format={meta.get('format')!r})")
     return meta
 
 
@@ -331,41 +334,69 @@ def _files(path: Path) -> list[Path]:
     return files
 
 
-def read_metadata(path: str | os.PathLike) -> dict:
-    """The header of an output file with `keys` and `items` decoded from JSON (first shard for an index)."""
+def _index_keys(path: Path) -> dict[str, int] | None:
+    """key -> shard number, in input order, when `path` is (or names) an index that lists keys."""
+    index = path if path.suffix == ".json" else index_path(path)
+    if path.suffix != ".json" and path.exists():
+        return None
+    if not index.exists():
+        return None
+    return json.loads(index.read_text()).get("keys")
+
+
+def _entries(path: Path, stack) -> Iterator[tuple[str, dict, Callable[[], torch.Tensor], dict]]:
+    """(key, item metadata, rows reader, file header) in input order; rows are read only when asked."""
     from safetensors import safe_open
 
-    files = _files(Path(path))
+    opened = []
+    for file in _files(path):
+        fh = stack.enter_context(safe_open(str(file), framework="pt"))
+        header = fh.metadata() or {}
+        if header.get("format") != FORMAT:
+            raise ValueError(f"{file}: not a {FORMAT} file (format={header.get('format')!r})")
+        keys = json.loads(header["keys"])
+        opened.append((fh, header, keys, json.loads(header["items"]), {k: i for i, k in enumerate(keys)}))
+    order = _index_keys(path)
+    if order is None:  # a single file, or shards whose concatenation is the input order
+        order = {key: shard for shard, entry in enumerate(opened) for key in entry[2]}
+    offsets: dict[int, list[int]] = {}
+    for key, shard in order.items():
+        fh, header, _, items, position = opened[shard]
+        i = position[key]
+
+        def rows(fh=fh, shard=shard, i=i) -> torch.Tensor:
+            if shard not in offsets:
+                offsets[shard] = fh.get_tensor("offsets").tolist()
+            return fh.get_slice("embeddings")[offsets[shard][i]:offsets[shard][i + 1]]
+
+        yield key, items[i], rows, header
+
+
+def read_metadata(path: str | os.PathLike) -> dict:
+    """The header of an output with `keys` and `items` decoded from JSON, in input order (for an index: the
+    first shard's header with every shard's keys and items). Reads no embeddings."""
+    from contextlib import ExitStack
+
+    meta: dict = {}
     keys: list[str] = []
     items: list[dict] = []
-    meta: dict = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as fh:
-            meta = dict(fh.metadata() or {})
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"{file}: not a {FORMAT} file (format={meta.get('format')!r})")
-        keys += json.loads(meta["keys"])
-        items += json.loads(meta["items"])
-    meta["keys"] = keys
-    meta["items"] = items
-    return meta
+    with ExitStack() as stack:
+        for key, item, _, header in _entries(Path(path), stack):
+            meta = meta or header
+            keys.append(key)
+            items.append(item)
+    if not meta:
+        meta = _read_header(_files(Path(path))[0])
+    return {**meta, "keys": keys, "items": items}
 
 
 def iter_items(path: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor, dict]]:
-    """Yield (key, rows, item metadata) one item at a time, reading only that item's rows."""
-    from safetensors import safe_open
+    """Yield (key, rows, item metadata) one item at a time, reading only that item's rows, in input order."""
+    from contextlib import ExitStack
 
-    for file in _files(Path(path)):
-        with safe_open(str(file), framework="pt") as fh:
-            meta = fh.metadata() or {}
-            if meta.get("format") != FORMAT:
-                raise ValueError(f"{file}: not a {FORMAT} file")
-            keys = json.loads(meta["keys"])
-            items = json.loads(meta["items"])
-            offsets = fh.get_tensor("offsets").tolist()
-            embeddings = fh.get_slice("embeddings")
-            for i, key in enumerate(keys):
-                yield key, embeddings[offsets[i]:offsets[i + 1]], items[i]
+    with ExitStack() as stack:
+        for key, item, rows, _ in _entries(Path(path), stack):
+            yield key, rows(), item
 
 
 def load(path: str | os.PathLike) -> dict[str, torch.Tensor]:

@@ -1,0 +1,76 @@
+"""Several processes, one result: torchrun ranks (gloo on the CPU) and scheduler array slices."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from conftest import ROOT, write_image
+from helpers import run_images
+
+import gemma_embed
+from gemma_embed.distributed import Slice, take
+from gemma_embed.sources import Source
+
+MODEL = ROOT / "samples" / "tiny-gemma4"
+EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
+
+
+def _folder(tmp_path: Path, count: int = 9) -> Path:
+    folder = tmp_path / "images"
+    folder.mkdir()
+    sizes = [(64, 48), (48, 64), (100, 100), (300, 40)]
+    for i in range(count):
+        write_image(folder / f"img{i:02d}.png", *sizes[i % len(sizes)], seed=i)
+    (folder / "broken.png").write_bytes(b"not a png")  # failures must not shift anything
+    return folder
+
+
+def _assert_same(merged: Path, single: Path) -> None:
+    a, b = gemma_embed.load(merged), gemma_embed.load(single)
+    assert list(a) == list(b)  # same keys, same (input) order
+    for key in b:
+        assert torch.equal(a[key], b[key]), key
+    assert gemma_embed.read_metadata(merged)["items"] == gemma_embed.read_metadata(single)["items"]
+
+
+def test_take_is_a_deterministic_partition():
+    sources = [Source(f"k{i}", f"p{i}", position=i) for i in range(10)]
+    slices = [[s.key for s in take(sources, Slice(r, 3))] for r in range(3)]
+    assert slices == [["k0", "k3", "k6", "k9"], ["k1", "k4", "k7"], ["k2", "k5", "k8"]]
+
+
+def test_torchrun_two_ranks_equals_single_process(tmp_path):
+    folder = _folder(tmp_path)
+    single = tmp_path / "single.safetensors"
+    assert run_images([folder], MODEL, single, max_soft_tokens=70)[0] == 1  # the broken file
+    out = tmp_path / "ranks.safetensors"
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    proc = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", "29517", "--no-python", EXE,
+                           "images", str(folder), "--model", str(MODEL), "-o", str(out), "--max-soft-tokens", "70",
+                           "--device", "cpu", "-q"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0  # one rank saw the broken file: exit 1 there
+    assert "broken.png" in proc.stderr or "broken.png" in proc.stdout
+    assert (tmp_path / "ranks.index.json").exists()
+    assert sorted(p.name for p in tmp_path.glob("ranks-rank*.safetensors")) == [
+        "ranks-rank00000-of-00002.safetensors", "ranks-rank00001-of-00002.safetensors"]
+    _assert_same(out, single)
+
+
+def test_array_slices_merge_when_the_last_one_finishes(tmp_path):
+    folder = _folder(tmp_path)
+    single = tmp_path / "single.safetensors"
+    run_images([folder], MODEL, single, max_soft_tokens=70)
+    out = tmp_path / "array.safetensors"
+    code, records, err = run_images([folder], MODEL, out, max_soft_tokens=70, num_shards=3, shard_index=2)
+    assert "the last slice to finish writes the index" in err
+    assert not (tmp_path / "array.index.json").exists()
+    for index in (0, 1):
+        run_images([folder], MODEL, out, max_soft_tokens=70, num_shards=3, shard_index=index)
+    assert (tmp_path / "array.index.json").exists()
+    _assert_same(out, single)
