@@ -12,6 +12,7 @@ from gemma_embed import memory
 from gemma_embed.batching import Group
 from gemma_embed.errors import ItemError
 from gemma_embed.models.base import Tower, Unit
+from gemma_embed.tuning import ChunkTuner
 
 # Test hooks, read from the environment so they reach a real `gemma-embed` process: raise an out-of-memory error
 # for any chunk larger than N (exercises the back-off on a CPU); sleep before each chunk (lets a test kill a run
@@ -46,6 +47,8 @@ class Engine:
         self.batch_cap = batch_cap
         self.reporter = reporter
         self.cost_scale = 1.0  # raised when a device measures more than the model predicts
+        # An explicit --batch-size is obeyed (under the memory cap); otherwise the chunk is tuned for speed.
+        self.tuner = ChunkTuner() if batch_cap is None else None
         self.backoffs = 0
         self.should_stop = should_stop or (lambda: None)  # raises to stop between chunks
         hook = os.environ.get(OOM_TEST_ENV)
@@ -90,19 +93,26 @@ class Engine:
         results: dict[int, torch.Tensor | ItemError] = {}
         indices = group.indices
         plan = self.plan(group.length)
-        size = plan.chunk
+        cap = plan.chunk  # the memory cap; lowered for this group by an out-of-memory back-off
         if self.reporter:
             self.reporter.chunk_planned(plan, len(indices))
         pending = list(indices)
         while pending:
             self.should_stop()
+            size = self.tuner.size(cap) if self.tuner else cap
             batch_ix = tuple(pending[:size])
             batch = [units[i] for i in batch_ix]
             try:
+                started = time.perf_counter()
                 rows = self._encode(batch)
+                if self.tuner:
+                    self.tuner.record(len(batch), sum(u.length for u in batch), time.perf_counter() - started, cap)
             except Exception as exc:  # noqa: BLE001 - every failure becomes a record or a retry
-                if is_out_of_memory(exc) and size > 1:
-                    size = max(1, size // 2)
+                if is_out_of_memory(exc) and len(batch) > 1:
+                    cap = max(1, len(batch) // 2)
+                    size = cap
+                    if self.tuner:
+                        self.tuner.limit(len(batch))
                     self.backoffs += 1
                     self._free_cache()
                     if self.reporter:

@@ -250,6 +250,7 @@ def run(config: RunConfig, reporter: Reporter, stdin=None) -> int:
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     reporter.finish({"output": str(written), "items": len(writer), "failures": reporter.failures,
                      "peak_device_memory": peak, "oom_backoffs": engine.backoffs,
+                     "chunking": engine.tuner.report() if engine.tuner else {"fixed": config.batch_size},
                      "device": str(device), "dtype": str(dtype).removeprefix("torch.")})
     return 1 if reporter.failed else 0
 
