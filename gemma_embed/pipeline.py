@@ -341,6 +341,9 @@ def plan(config: RunConfig, reporter: Reporter, stdin=None) -> dict:
     result = {"type": "plan", "modality": config.modality, "device": str(device),
               "dtype": str(dtype).removeprefix("torch."), "free_memory": free, "total_memory": total,
               "budget": memory.budget(free, total, budget_spec), "items": len(sources), "units": len(lengths),
-              "buckets": buckets, "failures": failures}
+              "buckets": buckets, "failures": failures,
+              "chunking": (f"fixed at --batch-size {config.batch_size} (under each bucket's memory cap)"
+                           if config.batch_size else
+                           "tuned at run time: the fastest measured size within each bucket's memory cap")}
     reporter.show_plan(result)
     return result

@@ -131,6 +131,7 @@ class Reporter:
             table = Table(title=f"{plan['modality']}: {plan['items']} items, {plan['units']} units on "
                                 f"{plan['device']} ({plan['dtype']}); free {_human_bytes(plan['free_memory'])} of "
                                 f"{_human_bytes(plan['total_memory'])}, budget {_human_bytes(plan['budget'])}")
+            table.caption = f"chunk = the memory cap; {plan['chunking']}"
             for column in ("length", "units", "cost per unit", "chunk"):
                 table.add_column(column, justify="right")
             for b in plan["buckets"]:

@@ -1,0 +1,151 @@
+"""Speed toward the limit: achieved FLOP/s against this machine's matmul rate, and what changes it.
+
+    python -m bench.bench_speed [--images 24] [--vision-hidden 256 --vision-layers 4]
+
+Prints, in one run on the same files and checkpoint:
+1. the machine's float32 and bfloat16 matmul rate (the practical limit);
+2. the vision tower's FLOPs per image at each budget (torch's FlopCounterMode, one unpadded image);
+3. gemma-embed vs the per-item reference loop at 70 / 280 / 1120 tokens: images/s, ratio, and the achieved
+   FLOP/s of each as a fraction of the float32 limit;
+4. variants of gemma-embed's encode on one bucket: float32 vs bfloat16 (speed and relative error), fixed chunk
+   sizes, torch.compile (its compile time and steady speed), and intra-op threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from bench.bench_images import make_images
+from bench.common import run_child
+
+
+def matmul_rate(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * n**3 * repeats / (time.perf_counter() - start)
+
+
+def tower_flops(tower, unit) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter, torch.inference_mode():
+        tower.encode([unit], "language")
+    return counter.get_total_flops()
+
+
+def timed(fn, repeats: int = 3) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats
+
+
+def variants(ckpt: Path, folder: Path, budget: int) -> None:
+    from PIL import Image
+
+    from gemma_embed.models.gemma4 import Gemma4ImagePreparer, Gemma4VisionTower
+    from gemma_embed.models.loading import resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(str(ckpt))
+    preparer = Gemma4ImagePreparer(checkpoint, budget)
+    units = [preparer.prepare(Image.open(f).convert("RGB")).units[0] for f in sorted(folder.iterdir())]
+    by_length: dict[int, list] = {}
+    for u in units:
+        by_length.setdefault(u.length, []).append(u)
+    bucket = max(by_length.values(), key=len)[:8]
+    print(f"\n## encode variants, one bucket of {len(bucket)} images x {bucket[0].length} patches ({budget} tokens)")
+    fp32 = Gemma4VisionTower(checkpoint, "cpu", torch.float32)
+    with torch.inference_mode():
+        reference = torch.cat(fp32.encode(bucket, "language"))
+    base = None
+    rows = []
+    for label, tower, chunk in [("float32 chunk 1", fp32, 1), ("float32 chunk 2", fp32, 2),
+                                ("float32 chunk 4", fp32, 4), ("float32 chunk 8", fp32, 8)]:
+        def run(tower=tower, chunk=chunk):
+            with torch.inference_mode():
+                return [r for i in range(0, len(bucket), chunk) for r in tower.encode(bucket[i:i + chunk], "language")]
+        seconds = timed(run)
+        base = base or seconds
+        rows.append((label, seconds))
+    bf16 = Gemma4VisionTower(checkpoint, "cpu", torch.bfloat16)
+    with torch.inference_mode():
+        out = torch.cat(bf16.encode(bucket, "language")).float()
+    error = float((out - reference).norm() / reference.norm())
+    rows.append((f"bfloat16 chunk {len(bucket)} (rel err {error:.1e})",
+                 timed(lambda: bf16.encode(bucket, "language"))))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rows.append(("float32 chunk 1, 1 intra-op thread", timed(lambda: [fp32.encode([u], "language") for u in bucket])))
+    torch.set_num_threads(threads)
+    compiled = Gemma4VisionTower(checkpoint, "cpu", torch.float32)
+    start = time.perf_counter()
+    compiled.tower = torch.compile(compiled.tower)
+    with torch.inference_mode():
+        compiled.encode(bucket[:1], "language")
+    compile_s = time.perf_counter() - start
+    rows.append((f"torch.compile chunk 1 (compile {compile_s:.1f} s)",
+                 timed(lambda: [compiled.encode([u], "language") for u in bucket])))
+    print(f"{'variant':<48} {'s per bucket':>12} {'img/s':>8} {'vs chunk 1':>10}")
+    for label, seconds in rows:
+        print(f"{label:<48} {seconds:>12.3f} {len(bucket) / seconds:>8.2f} {base / seconds:>9.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--images", type=int, default=24)
+    parser.add_argument("--budgets", default="70,280,1120")
+    parser.add_argument("--vision-hidden", type=int, default=256)
+    parser.add_argument("--vision-layers", type=int, default=4)
+    args = parser.parse_args()
+
+    from make_tiny_checkpoint import build_gemma4
+
+    print(f"# {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"capability {torch.backends.cpu.get_cpu_capability()}")
+    limits = {dtype: matmul_rate(dtype) for dtype in (torch.float32, torch.bfloat16)}
+    for dtype, rate in limits.items():
+        print(f"matmul 2048^3 {str(dtype)[6:]:>8}: {rate / 1e9:8.1f} GFLOP/s")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        ckpt = build_gemma4(tmp / "ckpt", seed=0, audio=False, vision_hidden=args.vision_hidden,
+                            vision_layers=args.vision_layers)
+        make_images(tmp / "images", args.images)
+        from PIL import Image
+
+        from gemma_embed.models.gemma4 import Gemma4ImagePreparer, Gemma4VisionTower
+        from gemma_embed.models.loading import resolve_checkpoint
+
+        checkpoint = resolve_checkpoint(str(ckpt))
+        tower = Gemma4VisionTower(checkpoint, "cpu", torch.float32)
+        print(f"\n## gemma-embed vs reference loop, {args.images} images, D={args.vision_hidden} "
+              f"L={args.vision_layers}")
+        print(f"{'budget':>6} {'ref img/s':>9} {'ours img/s':>10} {'ratio':>6} {'GFLOP/img':>9} "
+              f"{'ref %limit':>10} {'ours %limit':>11}")
+        for budget in [int(b) for b in args.budgets.split(",")]:
+            preparer = Gemma4ImagePreparer(checkpoint, budget)
+            flops = sum(tower_flops(tower, preparer.prepare(Image.open(f).convert("RGB")).units[0])
+                        for f in sorted((tmp / "images").iterdir()))
+            ref = run_child("bench_images", "--child", "reference", str(ckpt), str(tmp / "images"), str(budget))
+            ours = run_child("bench_images", "--child", "ours", str(ckpt), str(tmp / "images"), str(budget),
+                             str(tmp / "out.safetensors"))
+            limit = limits[torch.float32]
+            print(f"{budget:>6} {ref['items'] / ref['embed_s']:>9.2f} {ours['items'] / ours['embed_s']:>10.2f} "
+                  f"{ref['embed_s'] / ours['embed_s']:>5.2f}x {flops / args.images / 1e9:>9.2f} "
+                  f"{100 * flops / ref['embed_s'] / limit:>9.1f}% {100 * flops / ours['embed_s'] / limit:>10.1f}%",
+                  flush=True)
+        variants(ckpt, tmp / "images", 280)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
