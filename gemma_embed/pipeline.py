@@ -53,6 +53,8 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         raise UsageError(f"--device {name!r}: {exc}") from exc
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {name}: CUDA is not available on this machine")
+    if device.type == "cuda" and device.index is None and local_rank:
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise UsageError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s)")
     if device.type == "mps" and not torch.backends.mps.is_available():
