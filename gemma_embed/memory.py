@@ -106,6 +106,16 @@ def audio_item_cost(mel_frames: int, bytes_per_element: int) -> int:
     return int(max(0, int(mel_frames)) * 49_000 * max(1, int(bytes_per_element)) / 4)
 
 
+def gemma3n_audio_item_cost(mel_frames: int, channels: int = 128, mel_bins: int = 128,
+                            bytes_per_element: int = 4) -> int:
+    """Gemma 3n audio tower: per mel frame, the first subsampling convolution's output (channels x mel_bins/2
+    values per two frames) and the copies its cumulative group norm makes, which it computes in float32 whatever
+    the model dtype (bench/bench_audio.py measures it)."""
+    per_frame = channels * ((int(mel_bins) + 1) // 2) / 2
+    copies_fp32, copies_model = 6, 3
+    return int(max(0, int(mel_frames)) * per_frame * (copies_fp32 * 4 + copies_model * max(1, int(bytes_per_element))))
+
+
 def calibrated_cost(modelled: float, measured_peak: float, chunk: int) -> float:
     """Cost per item after a chunk ran: never below the model, raised to what the device really used."""
     if chunk <= 0 or measured_peak <= 0:
