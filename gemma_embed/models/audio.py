@@ -61,8 +61,9 @@ class AudioPreparer:
 
     keep_tail=False (Gemma 4): the unit keeps only the valid frames; the extractor zeroes the rest and the tower
     masks them, so they cannot change a real frame's rows.
-    keep_tail=True (Gemma 3n): the unit keeps every frame the extractor produced for that window alone, valid or
-    not, because that tower's convolutions look two frames past the end and the reference saw those frames.
+    keep_tail=True (Gemma 3n): the unit keeps every frame the extractor produced for that window alone, whatever
+    its mask says (for a window alone it marks them all valid today), because that tower's convolutions look two
+    frames past the end and the reference saw exactly those frames.
     """
 
     def __init__(self, feature_extractor, rows_for_frames: RowsForFrames, window_s: float = DEFAULT_WINDOW_S,
