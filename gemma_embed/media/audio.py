@@ -1,7 +1,9 @@
 """Audio: any file with sound in it -> mono float32 samples at the feature extractor's rate.
 
-soundfile (libsndfile) reads wav, flac, ogg/vorbis/opus, aiff and mp3 exactly and fast; everything it does not
-recognise (m4a/aac, wma, the audio track of a video file, ...) goes through PyAV (FFmpeg). Both are read in
+soundfile (libsndfile) reads wav, flac, ogg and aiff exactly and fast; everything else (mp3, m4a/aac, opus, wma,
+the audio track of a video file, ...) and any file soundfile does not recognise goes through PyAV (FFmpeg). mp3
+goes to PyAV although libsndfile can read it: its mpg123 decoder prints notes straight to the process's stderr
+on a damaged file, which would break the one-line error contract. Both are read in
 blocks: each block is downmixed to mono (the mean of the channels) and fed to one FFmpeg resampler
 (libswresample, via PyAV), so memory holds the output at the model's rate, never the whole source.
 """
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 BLOCK_FRAMES = 1 << 16  # source frames per block read from soundfile
+SOUNDFILE_EXTENSIONS = {".wav", ".wave", ".flac", ".ogg", ".oga", ".aiff", ".aif", ".aifc", ".au", ".w64", ".caf"}
 
 
 class AudioDecodeError(ValueError):
@@ -167,7 +170,7 @@ def decode_audio(path: str, sample_rate: int = 16_000) -> DecodedAudio:
         raise AudioDecodeError("is a directory, not an audio file")
     if os.path.getsize(path) == 0:
         raise AudioDecodeError("empty file (0 bytes)")
-    info = _soundfile_info(path)
+    info = _soundfile_info(path) if os.path.splitext(path)[1].lower() in SOUNDFILE_EXTENSIONS else None
     decoded = _decode_with_soundfile(path, info, sample_rate) if info else _decode_with_pyav(path, sample_rate)
     if decoded.samples.size == 0:
         raise AudioDecodeError("no audio samples (zero-length audio)")
