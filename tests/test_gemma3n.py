@@ -147,3 +147,20 @@ def test_cost_model_is_linear_in_frames_and_never_negative():
     assert gemma3n_audio_item_cost(1000, bytes_per_element=2) < one  # the group norm stays in float32
     # 30 s in float32 at the real channels: the profiled peak was 284 MiB (bench/bench_audio.py).
     assert 284 * 2**20 <= gemma3n_audio_item_cost(2997) < 300 * 2**20
+
+
+def test_shipped_sample_checkpoint_runs_the_audio_command(tmp_path):
+    from conftest import ROOT
+    from typer.testing import CliRunner
+
+    from gemma_embed.cli import app
+
+    out = tmp_path / "samples.safetensors"
+    result = CliRunner().invoke(app, ["audio", str(ROOT / "samples" / "media" / "audio"), "--model",
+                                      str(ROOT / "samples" / "tiny-gemma3n"), "-o", str(out), "-q"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    meta = gemma_embed.read_metadata(out)
+    assert meta["model_type"] == "gemma3n" and "Gemma3nAudioFeatureExtractor" in meta["preprocessing"]
+    rows = gemma_embed.load(out)
+    assert len(rows) == 5 and all(t.shape[0] > 0 and t.shape[1] == 32 for t in rows.values())
