@@ -56,6 +56,7 @@ class OnError(str, Enum):
 
 class Modality(str, Enum):
     images = "images"
+    audio = "audio"
 
 
 def _param(name: str, annotation, default=inspect.Parameter.empty) -> inspect.Parameter:
@@ -187,7 +188,17 @@ def _command(modality: str, summary: str, extra_options: list[inspect.Parameter]
     return command
 
 
+AUDIO_OPTIONS = [
+    _param("window_s", Annotated[float, typer.Option(
+        "--window-s", min=0.1, max=30.0,
+        help="Audio: split longer clips into windows of at most this many seconds (the feature extractor "
+             "truncates at 30 s); every window is encoded and its rows concatenated.")], 30.0),
+]
+
 app.command("images")(_command("images", "Embed images: one item per image, rows = its soft tokens."))
+app.command("audio")(_command(
+    "audio", "Embed audio: one item per file (decoded to mono at the model's rate), rows = its soft tokens.",
+    AUDIO_OPTIONS))
 
 
 def plan(**opts) -> None:
@@ -205,7 +216,7 @@ def plan(**opts) -> None:
 
 plan.__signature__ = inspect.Signature([
     PATHS, _param("modality", Annotated[Modality, typer.Option(help="What the paths hold.")], Modality.images),
-    *MODEL_OPTIONS])
+    *MODEL_OPTIONS, *AUDIO_OPTIONS])
 app.command("plan")(plan)
 
 

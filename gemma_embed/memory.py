@@ -103,8 +103,24 @@ def vision_item_cost(
 
 
 def audio_item_cost(mel_frames: int, bytes_per_element: int) -> int:
-    """Gemma 4 audio tower: about 49 KB per mel frame in float32 (SSCP conv output, ~3 live copies)."""
-    return int(max(0, int(mel_frames)) * 49_000 * max(1, int(bytes_per_element)) / 4)
+    """Gemma 4 audio tower: about 52 KB per mel frame in float32 (SSCP conv output, ~3 live copies).
+
+    Profiled (bench/bench_audio.py): 145.2 MiB for one 30 s clip (2999 frames), 50.8 KB per frame; the research
+    notes' 49 KB was 3% under that, and the planner must not be under."""
+    return int(max(0, int(mel_frames)) * 52_000 * max(1, int(bytes_per_element)) / 4)
+
+
+def gemma3n_audio_item_cost(mel_frames: int, channels: int = 128, mel_bins: int = 128,
+                            bytes_per_element: int = 4) -> int:
+    """Gemma 3n audio tower: per mel frame, the first subsampling convolution's output (channels x mel_bins/2
+    values per two frames) and the copies its cumulative group norm makes, which it computes in float32 whatever
+    the model dtype. Profiled in float32 (bench/bench_audio.py): 284 MiB for one 30 s clip at channels 128, about
+    six live copies of that output; five of them are float32 whatever the dtype."""
+    per_frame = channels * ((int(mel_bins) + 1) // 2) / 2
+    copies_fp32, copies_model = 5, 1
+    per_frame_bytes = per_frame * (copies_fp32 * 4 + copies_model * max(1, int(bytes_per_element)))
+    per_frame_bytes += 3 * int(mel_bins) * 4  # the padded mel batch and its copies inside the first block
+    return int(max(0, int(mel_frames)) * per_frame_bytes)
 
 
 def calibrated_cost(modelled: float, measured_peak: float, chunk: int) -> float:

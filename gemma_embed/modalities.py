@@ -30,8 +30,43 @@ def _images(config: RunConfig, checkpoint, device, dtype) -> Modality:
     return Modality("images", decode_image, preparer, Gemma4VisionTower(checkpoint, device, dtype))
 
 
+def _audio(config: RunConfig, checkpoint, device, dtype) -> Modality:
+    """Gemma 4 (and towers that reuse its audio encoder) or Gemma 3n, by the checkpoint's audio config."""
+    from functools import partial
+
+    from gemma_embed.media.audio import decode_audio
+    from gemma_embed.models.audio import (
+        DEFAULT_WINDOW_S,
+        AudioPreparer,
+        audio_sub_configs,
+        load_feature_extractor,
+        validate_window,
+    )
+
+    window_s = validate_window(config.extra.get("window_s", DEFAULT_WINDOW_S))
+    audio_config, _ = audio_sub_configs(checkpoint)
+    family = getattr(audio_config, "model_type", "")
+    if family == "gemma3n_audio":
+        from gemma_embed.models.gemma3n import Gemma3nAudioTower
+
+        tower = Gemma3nAudioTower(checkpoint, device, dtype)
+        rows_for_frames, keep_tail = tower.rows_for_frames, True
+    elif family == "gemma4_audio":
+        from gemma_embed.models.gemma4_audio import Gemma4AudioTower, gemma4_audio_rows
+
+        tower = Gemma4AudioTower(checkpoint, device, dtype)
+        rows_for_frames, keep_tail = gemma4_audio_rows, False
+    else:
+        raise UsageError(f"{checkpoint.source}: no audio support for model type "
+                         f"{getattr(checkpoint.config, 'model_type', '?')} (audio tower {family or '?'})")
+    preparer = AudioPreparer(load_feature_extractor(checkpoint), rows_for_frames, window_s, keep_tail)
+    decode = partial(decode_audio, sample_rate=preparer.sample_rate)
+    return Modality("audio", decode, preparer, tower)
+
+
 BUILDERS: dict[str, Callable[..., Modality]] = {
     "images": _images,
+    "audio": _audio,
 }
 
 

@@ -1,15 +1,16 @@
 """Build tiny random Gemma checkpoints, saved exactly as a real one is (`save_pretrained` + processor files).
 
-    python samples/make_tiny_checkpoint.py            # writes samples/tiny-gemma4/
+    python samples/make_tiny_checkpoint.py            # writes samples/tiny-gemma4/ and samples/tiny-gemma3n/
 
-Tests import `build_gemma4` to make their own checkpoints through the same code. Every parameter is drawn at
-random with a fixed seed, because transformers' default init sets some tables (the vision position table, norm
-weights) to constants, and a constant weight hides a loader that forgot to read it.
+Tests import `build_gemma4` and `build_gemma3n` to make their own checkpoints through the same code. Every
+parameter is drawn at random with a fixed seed, because transformers' default init sets some tables (the vision
+position table, norm weights) to constants, and a constant weight hides a loader that forgot to read it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -93,13 +94,77 @@ def build_gemma4(folder: Path, seed: int = 0, vision: bool = True, audio: bool =
     return folder
 
 
+def tiny_gemma3n_config(audio_hidden: int = 32, audio_layers: int = 2, sscp_channels=(16, 8), text_hidden: int = 32,
+                        vocab_size: int = 512):
+    from transformers import Gemma3nAudioConfig, Gemma3nConfig, Gemma3nTextConfig, Gemma3nVisionConfig
+
+    text = Gemma3nTextConfig(
+        vocab_size=vocab_size, vocab_size_per_layer_input=vocab_size, hidden_size=text_hidden,
+        hidden_size_per_layer_input=4, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, layer_types=["sliding_attention", "full_attention"], sliding_window=16,
+        num_kv_shared_layers=0, altup_num_inputs=2, laurel_rank=4, activation_sparsity_pattern=[0.0, 0.0],
+    )
+    audio = Gemma3nAudioConfig(hidden_size=audio_hidden, conf_num_hidden_layers=audio_layers,
+                               conf_num_attention_heads=4, sscp_conv_channel_size=list(sscp_channels))
+    # Only embed_vision is built from the vision config (the timm tower is stubbed out, see below).
+    vision = Gemma3nVisionConfig(hidden_size=16)
+    return Gemma3nConfig(text_config=text, audio_config=audio, vision_config=vision)
+
+
+@contextlib.contextmanager
+def gemma3n_without_vision_tower():
+    """Build Gemma3n models with an empty module in place of the timm vision tower.
+
+    Gemma3nModel always builds `vision_tower` with timm (MobileNetV5, 294M parameters at the default config);
+    timm is not a dependency of this project and the audio path never touches that tower. The tiny checkpoints
+    therefore hold no vision-tower tensors, and the test reference (the full `Gemma3nForConditionalGeneration`
+    from `from_pretrained`) is built the same way.
+    """
+    import transformers.models.gemma3n.modeling_gemma3n as modeling
+    from transformers import Gemma3nVisionConfig
+
+    real = modeling.AutoModel
+
+    class _AutoModelWithoutTimm:
+        @staticmethod
+        def from_config(config, **kwargs):
+            if isinstance(config, Gemma3nVisionConfig):
+                return torch.nn.Module()
+            return real.from_config(config, **kwargs)
+
+    modeling.AutoModel = _AutoModelWithoutTimm
+    try:
+        yield
+    finally:
+        modeling.AutoModel = real
+
+
+def build_gemma3n(folder: Path, seed: int = 0, max_shard_size: str | None = None, **config_kwargs) -> Path:
+    """A tiny Gemma 3n checkpoint (audio tower, text model, embedders; no vision tower) + its feature extractor."""
+    from transformers import Gemma3nAudioFeatureExtractor, Gemma3nForConditionalGeneration
+
+    torch.manual_seed(seed)
+    with gemma3n_without_vision_tower():
+        model = Gemma3nForConditionalGeneration(tiny_gemma3n_config(**config_kwargs)).eval()
+    randomize(model, seed)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(folder, **kwargs)
+    Gemma3nAudioFeatureExtractor().save_pretrained(folder)  # preprocessor_config.json
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE / "tiny-gemma4")
+    parser.add_argument("--out-gemma3n", type=Path, default=HERE / "tiny-gemma3n")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     build_gemma4(args.out, seed=args.seed)
     print(f"wrote {args.out}")
+    build_gemma3n(args.out_gemma3n, seed=args.seed)
+    print(f"wrote {args.out_gemma3n}")
 
 
 if __name__ == "__main__":

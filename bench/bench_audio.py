@@ -1,0 +1,240 @@
+"""Audio throughput and memory: gemma-embed's pipeline against transformers' per-clip reference loop, one run.
+
+    PYTHONPATH=. python bench/bench_audio.py                      # Gemma 4, 24 clips of 1-20 s, hidden 256
+    PYTHONPATH=. python bench/bench_audio.py --family gemma3n --clips 16
+
+Builds a random checkpoint with a more realistic audio tower than the tests' (hidden 256, 4 layers, the real
+subsampling channels), writes clips of mixed lengths as 16 kHz wav files, then times
+- the reference: for each clip, read it, the feature extractor on it alone, `get_audio_features`, strip padding;
+- this tool: `gemma_embed.pipeline.run` over the same files (decode threads, ragged batches, memory planning,
+  writing the output file), model loading included.
+It checks the two agree (float32 relative error per clip), prints clips/s of each and their ratio, the peak RSS
+of each phase, and the profiler's peak transient of one tower forward against the cost model the planner uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "samples"))
+RATE = 16_000
+
+
+# ------------------------------------------------------------------------------------------- setup
+
+
+def build_checkpoint(folder: Path, family: str, hidden: int, layers: int, seed: int) -> Path:
+    from make_tiny_checkpoint import (
+        gemma3n_without_vision_tower,
+        randomize,
+        tiny_gemma3n_config,
+        tiny_gemma4_config,
+        write_processor_files,
+    )
+
+    torch.manual_seed(seed)
+    if family == "gemma4":
+        from transformers import Gemma4AudioConfig, Gemma4ForConditionalGeneration
+
+        config = tiny_gemma4_config(vision=False)
+        config.audio_config = Gemma4AudioConfig(hidden_size=hidden, num_hidden_layers=layers,
+                                                num_attention_heads=4, subsampling_conv_channels=[128, 32],
+                                                output_proj_dims=hidden)
+        model = Gemma4ForConditionalGeneration(config).eval()
+    else:
+        from transformers import Gemma3nAudioFeatureExtractor, Gemma3nForConditionalGeneration
+
+        with gemma3n_without_vision_tower():
+            model = Gemma3nForConditionalGeneration(
+                tiny_gemma3n_config(audio_hidden=hidden, audio_layers=layers, sscp_channels=(128, 32))).eval()
+    randomize(model, seed)
+    model.save_pretrained(folder)
+    if family == "gemma4":
+        write_processor_files(folder)
+    else:
+        Gemma3nAudioFeatureExtractor().save_pretrained(folder)
+    return folder
+
+
+def write_clips(folder: Path, count: int, shortest: float, longest: float, seed: int) -> list[Path]:
+    import soundfile as sf
+
+    rng = np.random.default_rng(seed)
+    paths = []
+    for i, seconds in enumerate(rng.uniform(shortest, longest, count)):
+        t = np.arange(int(seconds * RATE)) / RATE
+        wave = 0.3 * np.sin(2 * np.pi * (200 + 50 * i) * t) + 0.05 * rng.standard_normal(t.size)
+        path = folder / f"clip-{i:03d}.wav"
+        sf.write(path, wave.astype(np.float32), RATE, subtype="FLOAT")
+        paths.append(path)
+    return paths
+
+
+def reference_model(folder: Path, family: str):
+    from transformers import AutoFeatureExtractor
+
+    if family == "gemma4":
+        from transformers import Gemma4ForConditionalGeneration
+
+        model = Gemma4ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    else:
+        from make_tiny_checkpoint import gemma3n_without_vision_tower
+        from transformers import Gemma3nForConditionalGeneration
+
+        with gemma3n_without_vision_tower():
+            model = Gemma3nForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    return model, AutoFeatureExtractor.from_pretrained(folder)
+
+
+# ------------------------------------------------------------------------------------------- the two sides
+
+
+def reference_rows(model, extractor, path: Path, family: str) -> torch.Tensor:
+    import soundfile as sf
+
+    samples, _ = sf.read(path, dtype="float32")
+    features = extractor([samples], return_tensors="pt")
+    mask = features["input_features_mask"]
+    with torch.inference_mode():
+        if family == "gemma4":
+            out = model.model.get_audio_features(features["input_features"], mask)
+            return out.pooler_output[0][out.attention_mask[0]]
+        out = model.model.get_audio_features(features["input_features"], ~mask)
+        return out.pooler_output[0][~out.audio_mel_mask[0]]
+
+
+def run_tool(paths: list[Path], model: Path, output: Path, batch_size: int | None, workers: int) -> int:
+    from gemma_embed.config import RunConfig
+    from gemma_embed.pipeline import run
+    from gemma_embed.progress import Reporter
+
+    config = RunConfig(modality="audio", inputs=tuple(str(p) for p in paths), output=output, model=str(model),
+                       device="cpu", overwrite=True, batch_size=batch_size, workers=workers)
+    return run(config, Reporter(quiet=True, stdout=io.StringIO(), stderr=io.StringIO(), live=False))
+
+
+class PeakRss:
+    """Highest resident set size seen while the block runs (sampled every 5 ms)."""
+
+    def __enter__(self):
+        self.proc = psutil.Process()
+        self.start = self.peak = self.proc.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+
+def profiled_peak(fn) -> int:
+    """Peak bytes allocated during fn, from the profiler's allocation/free events (the CPU analogue of
+    cuda.max_memory_allocated minus the baseline)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")
+    running = peak = 0
+    for _, nbytes in events:
+        running += nbytes
+        peak = max(peak, running)
+    return peak
+
+
+def cost_model_check(folder: Path, family: str, seconds: float, batch: int) -> tuple[int, int]:
+    """(profiled peak, modelled cost) of one tower forward over `batch` clips of `seconds`."""
+    from gemma_embed.config import RunConfig
+    from gemma_embed.media.audio import DecodedAudio
+    from gemma_embed.modalities import build_modality
+    from gemma_embed.models.loading import resolve_checkpoint
+
+    config = RunConfig(modality="audio", inputs=(), model=str(folder), device="cpu")
+    modality = build_modality(config, resolve_checkpoint(str(folder)), torch.device("cpu"), torch.float32)
+    samples = (0.1 * np.random.default_rng(0).standard_normal(int(seconds * RATE))).astype(np.float32)
+    unit = modality.preparer.prepare(DecodedAudio(samples, RATE, RATE, 1, "bench")).units[0]
+    units = [unit] * batch
+    with torch.inference_mode():
+        modality.tower.encode(units, "language")  # warm-up: first-call allocations are not the steady state
+        peak = profiled_peak(lambda: modality.tower.encode(units, "language"))
+    return peak, batch * modality.tower.unit_cost(unit.length)
+
+
+# ------------------------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=["gemma4", "gemma3n"], default="gemma4")
+    parser.add_argument("--clips", type=int, default=24)
+    parser.add_argument("--shortest", type=float, default=1.0)
+    parser.add_argument("--longest", type=float, default=20.0)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=None, help="cap for the tool (default: planned)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_grad_enabled(False)
+
+    with tempfile.TemporaryDirectory(prefix="bench-audio-") as tmp:
+        tmp = Path(tmp)
+        folder = build_checkpoint(tmp / "ckpt", args.family, args.hidden, args.layers, args.seed)
+        paths = write_clips(tmp, args.clips, args.shortest, args.longest, args.seed)
+        total_s = sum(p.stat().st_size for p in paths) / 4 / RATE
+        model, extractor = reference_model(folder, args.family)
+        print(f"{args.family} audio tower hidden {args.hidden}, {args.layers} layers; {len(paths)} clips of "
+              f"{args.shortest:g}-{args.longest:g} s ({total_s:.0f} s of audio); torch {torch.__version__}, "
+              f"{torch.get_num_threads()} threads, cpu float32")
+        reference_rows(model, extractor, paths[0], args.family)  # warm-up
+        run_tool(paths[:2], folder, tmp / "warm.safetensors", args.batch_size, args.workers)
+
+        with PeakRss() as ref_mem:
+            start = time.perf_counter()
+            refs = [reference_rows(model, extractor, p, args.family) for p in paths]
+            ref_s = time.perf_counter() - start
+        out = tmp / "out.safetensors"
+        with PeakRss() as tool_mem:
+            start = time.perf_counter()
+            code = run_tool(paths, folder, out, args.batch_size, args.workers)
+            tool_s = time.perf_counter() - start
+        assert code == 0, "the tool reported failures"
+
+        import gemma_embed
+
+        ours = gemma_embed.load(out)
+        worst = max(float((ours[str(p)] - r).norm() / r.norm()) for p, r in zip(paths, refs, strict=True))
+        assert all(ours[str(p)].shape == r.shape for p, r in zip(paths, refs, strict=True))
+        mib = 2**20
+        print(f"{'':24}{'clips/s':>10}{'audio s/s':>11}{'peak RSS':>12}{'RSS rise':>11}")
+        for name, seconds, mem in [("reference (per clip)", ref_s, ref_mem), ("gemma-embed", tool_s, tool_mem)]:
+            print(f"{name:24}{len(paths) / seconds:10.2f}{total_s / seconds:11.1f}"
+                  f"{mem.peak / mib:9.0f} MiB{(mem.peak - mem.start) / mib:7.0f} MiB")
+        print(f"ratio gemma-embed / reference: {ref_s / tool_s:.2f}x clips/s; max relative error {worst:.2e}")
+        for seconds, batch in [(30.0, 1), (30.0, 2)]:
+            peak, modelled = cost_model_check(folder, args.family, seconds, batch)
+            print(f"tower forward, {batch} x {seconds:g} s: profiled peak {peak / mib:.1f} MiB, "
+                  f"cost model {modelled / mib:.1f} MiB ({modelled / max(peak, 1):.2f}x)")
+
+
+if __name__ == "__main__":
+    main()

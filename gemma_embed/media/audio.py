@@ -1,0 +1,183 @@
+"""Audio: any file with sound in it -> mono float32 samples at the feature extractor's rate.
+
+soundfile (libsndfile) reads wav, flac, ogg and aiff exactly and fast; everything else (mp3, m4a/aac, opus, wma,
+the audio track of a video file, ...) and any file soundfile does not recognise goes through PyAV (FFmpeg). mp3
+goes to PyAV although libsndfile can read it: its mpg123 decoder prints notes straight to the process's stderr
+on a damaged file, which would break the one-line error contract. Both are read in
+blocks: each block is downmixed to mono (the mean of the channels) and fed to one FFmpeg resampler
+(libswresample, via PyAV), so memory holds the output at the model's rate, never the whole source.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+BLOCK_FRAMES = 1 << 16  # source frames per block read from soundfile
+SOUNDFILE_EXTENSIONS = {".wav", ".wave", ".flac", ".ogg", ".oga", ".aiff", ".aif", ".aifc", ".au", ".w64", ".caf"}
+
+
+class AudioDecodeError(ValueError):
+    pass
+
+
+@dataclass
+class DecodedAudio:
+    samples: np.ndarray  # 1-D float32, mono, at `sample_rate`
+    sample_rate: int  # the rate of `samples` (the feature extractor's)
+    source_rate: int  # the file's own rate
+    channels: int  # the file's channel count, before the downmix
+    decoder: str  # "soundfile" or "pyav"
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.samples) / self.sample_rate
+
+
+class MonoResampler:
+    """Downmix blocks of (channels, frames) float32 to mono, then resample them with libswresample.
+
+    One resampler object sees the whole stream, so block edges leave no seams. Where the rates already match
+    the samples pass through untouched (bit-exact).
+    """
+
+    def __init__(self, source_rate: int, target_rate: int):
+        import av
+
+        self.source_rate = int(source_rate)
+        self.target_rate = int(target_rate)
+        self.parts: list[np.ndarray] = []
+        self._resampler = None
+        if self.source_rate != self.target_rate:
+            self._resampler = av.AudioResampler(format="flt", layout="mono", rate=self.target_rate)
+
+    def add(self, block: np.ndarray) -> None:
+        """block: (channels, frames) float32 at the source rate."""
+        if block.shape[-1] == 0:
+            return
+        mono = np.ascontiguousarray(block.mean(axis=0, dtype=np.float32)[None, :], dtype=np.float32)
+        if self._resampler is None:
+            self.parts.append(mono[0])
+            return
+        import av
+
+        frame = av.AudioFrame.from_ndarray(mono, format="flt", layout="mono")
+        frame.sample_rate = self.source_rate
+        self._collect(self._resampler.resample(frame))
+
+    def _collect(self, frames) -> None:
+        for out in frames:
+            self.parts.append(out.to_ndarray().reshape(-1).astype(np.float32, copy=False))
+
+    def finish(self) -> np.ndarray:
+        if self._resampler is not None:
+            self._collect(self._resampler.resample(None))  # flush the filter's delay line
+        if not self.parts:
+            return np.zeros(0, dtype=np.float32)
+        return np.concatenate(self.parts).astype(np.float32, copy=False)
+
+
+# ------------------------------------------------------------------------------------------ soundfile
+
+
+def _soundfile_info(path: str):
+    """The file's soundfile info, or None when libsndfile does not recognise the format."""
+    import soundfile as sf
+
+    try:
+        return sf.info(path)
+    except (sf.LibsndfileError, RuntimeError, TypeError):
+        return None
+
+
+def _soundfile_blocks(path: str) -> Iterator[np.ndarray]:
+    import soundfile as sf
+
+    with sf.SoundFile(path) as fh:
+        while True:
+            block = fh.read(BLOCK_FRAMES, dtype="float32", always_2d=True)
+            if block.shape[0] == 0:
+                return
+            yield block.T
+
+
+def _decode_with_soundfile(path: str, info, target_rate: int) -> DecodedAudio:
+    import soundfile as sf
+
+    resampler = MonoResampler(info.samplerate, target_rate)
+    try:
+        for block in _soundfile_blocks(path):
+            resampler.add(block)
+    except (sf.LibsndfileError, RuntimeError) as exc:
+        # libsndfile knew the format from the header, so a failure past it means the data itself is bad.
+        raise AudioDecodeError(f"truncated or corrupt {info.format} audio: {_one_line(exc)}") from None
+    return DecodedAudio(resampler.finish(), target_rate, int(info.samplerate), int(info.channels), "soundfile")
+
+
+# ------------------------------------------------------------------------------------------ PyAV
+
+
+def _decode_with_pyav(path: str, target_rate: int) -> DecodedAudio:
+    import av
+
+    try:
+        container = av.open(path)
+    except av.FFmpegError:
+        raise AudioDecodeError("not a recognised audio format") from None
+    with container:
+        if not container.streams.audio:
+            kinds = sorted({s.type for s in container.streams}) or ["no streams"]
+            raise AudioDecodeError(f"no audio stream in this file ({', '.join(kinds)})")
+        stream = container.streams.audio[0]
+        resampler = None
+        channels = 0
+        try:
+            for frame in container.decode(stream):
+                if resampler is None:
+                    resampler = MonoResampler(frame.sample_rate, target_rate)
+                    channels = len(frame.layout.channels)
+                resampler.add(_planar_float(frame))
+        except av.FFmpegError as exc:
+            raise AudioDecodeError(f"truncated or corrupt {stream.codec_context.name} audio: "
+                                   f"{_one_line(exc)}") from None
+        if resampler is None:
+            return DecodedAudio(np.zeros(0, np.float32), target_rate, int(stream.rate or 0),
+                                int(stream.channels or 0), "pyav")
+        return DecodedAudio(resampler.finish(), target_rate, int(resampler.source_rate), channels, "pyav")
+
+
+def _planar_float(frame) -> np.ndarray:
+    """(channels, samples) float32 in [-1, 1] from any PyAV audio frame (packed or planar, integer or float)."""
+    channels = len(frame.layout.channels)
+    data = frame.to_ndarray()
+    data = data.reshape(channels, -1) if frame.format.is_planar else data.reshape(-1, channels).T
+    if data.dtype == np.uint8:  # 8-bit PCM is unsigned, centred on 128
+        return (data.astype(np.float32) - 128.0) / 128.0
+    if np.issubdtype(data.dtype, np.integer):
+        return data.astype(np.float32) / float(-np.iinfo(data.dtype).min)
+    return data.astype(np.float32, copy=False)
+
+
+# ------------------------------------------------------------------------------------------ entry point
+
+
+def decode_audio(path: str, sample_rate: int = 16_000) -> DecodedAudio:
+    """Mono float32 samples at `sample_rate`; AudioDecodeError with a one-line reason otherwise."""
+    if os.path.isdir(path):
+        raise AudioDecodeError("is a directory, not an audio file")
+    if os.path.getsize(path) == 0:
+        raise AudioDecodeError("empty file (0 bytes)")
+    info = _soundfile_info(path) if os.path.splitext(path)[1].lower() in SOUNDFILE_EXTENSIONS else None
+    decoded = _decode_with_soundfile(path, info, sample_rate) if info else _decode_with_pyav(path, sample_rate)
+    if decoded.samples.size == 0:
+        raise AudioDecodeError("no audio samples (zero-length audio)")
+    if not np.isfinite(decoded.samples).all():
+        raise AudioDecodeError("audio contains NaN or infinite samples")
+    return decoded
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -1,0 +1,168 @@
+"""What every audio tower shares: windows of long clips, the feature extractor on one window at a time, and
+zero-padded batches with a mask.
+
+A unit is one window of at most `window_s` seconds. The checkpoint's feature extractor runs on that window alone
+(as a one-element list: a bare 1-D array crashes it), exactly as transformers' per-clip reference does, so each
+unit's features are the reference's features. The extractor silently truncates at 30 s, which is why long clips
+are windowed here first, and every window is encoded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from gemma_embed.errors import CheckpointError, UsageError
+from gemma_embed.models.base import PreparedItem, Unit
+
+# The extractors' own `max_length` (480 000 samples at 16 kHz): anything longer is cut without a word.
+MAX_WINDOW_S = 30.0
+DEFAULT_WINDOW_S = 30.0
+
+RowsForFrames = Callable[[int, int], int]  # (valid frames, frames the unit carries) -> output rows
+
+
+def window_bounds(n_samples: int, sample_rate: int, window_s: float) -> list[tuple[int, int]]:
+    """[start, end) sample ranges covering all `n_samples`, each at most `window_s` long, in order.
+
+    Windows start every `window_s` seconds (regular timestamps: row r of window w sits at w * window_s plus the
+    row's offset); only the last one is shorter.
+    """
+    if n_samples <= 0:
+        return []
+    size = int(math.floor(window_s * sample_rate))
+    if size <= 0:
+        raise ValueError(f"window of {window_s} s holds no sample at {sample_rate} Hz")
+    return [(start, min(start + size, n_samples)) for start in range(0, n_samples, size)]
+
+
+def validate_window(window_s: float) -> float:
+    window_s = float(window_s)
+    if not (0 < window_s <= MAX_WINDOW_S):
+        raise UsageError(f"--window-s {window_s:g}: must be above 0 and at most {MAX_WINDOW_S:g} s "
+                         f"(the feature extractor silently truncates anything longer)")
+    return window_s
+
+
+def load_feature_extractor(checkpoint):
+    from transformers import AutoFeatureExtractor
+
+    try:
+        return AutoFeatureExtractor.from_pretrained(str(checkpoint.folder))
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"{checkpoint.source}: cannot load its audio feature extractor: "
+                              f"{' '.join(str(exc).split())}") from exc
+
+
+class AudioPreparer:
+    """The checkpoint's feature extractor on one window at a time -> one unit per window.
+
+    keep_tail=False (Gemma 4): the unit keeps only the valid frames; the extractor zeroes the rest and the tower
+    masks them, so they cannot change a real frame's rows.
+    keep_tail=True (Gemma 3n): the unit keeps every frame the extractor produced for that window alone, whatever
+    its mask says (for a window alone it marks them all valid today), because that tower's convolutions look two
+    frames past the end and the reference saw exactly those frames.
+    """
+
+    def __init__(self, feature_extractor, rows_for_frames: RowsForFrames, window_s: float = DEFAULT_WINDOW_S,
+                 keep_tail: bool = False):
+        self.extractor = feature_extractor
+        self.rows_for_frames = rows_for_frames
+        self.window_s = validate_window(window_s)
+        self.keep_tail = keep_tail
+        self.sample_rate = int(feature_extractor.sampling_rate)
+
+    def describe(self) -> dict:
+        return {"feature_extractor": type(self.extractor).__name__, "sample_rate": self.sample_rate,
+                "window_s": self.window_s}
+
+    def window_unit(self, samples) -> Unit | None:
+        """One unit for one window of samples, or None when it is too short to give a single frame."""
+        out = self.extractor([samples], return_tensors="pt")
+        features = out["input_features"][0]
+        mask = out["input_features_mask"][0].bool()
+        valid = int(mask.sum())
+        if valid == 0:
+            return None
+        # Rows are sliced as a prefix below; the extractor puts real frames first, but check rather than assume.
+        if not bool(mask[:valid].all()):
+            raise ValueError("feature extractor output has padding frames before real ones")
+        if self.keep_tail:
+            inputs = {"input_features": features.contiguous(), "input_features_mask": mask.contiguous()}
+            length = int(features.shape[0])
+        else:
+            inputs = {"input_features": features[:valid].contiguous()}
+            length = valid
+        return Unit(inputs=inputs, length=length, rows=self.rows_for_frames(valid, length))
+
+    def prepare(self, decoded) -> PreparedItem:
+        samples = decoded.samples
+        if int(decoded.sample_rate) != self.sample_rate:
+            raise ValueError(f"audio at {decoded.sample_rate} Hz, the feature extractor needs {self.sample_rate} Hz")
+        bounds = window_bounds(len(samples), self.sample_rate, self.window_s)
+        units: list[Unit] = []
+        windows: list[dict] = []
+        for start, end in bounds:
+            unit = self.window_unit(samples[start:end])
+            rows = unit.rows if unit else 0
+            if unit is not None and rows > 0:
+                units.append(unit)
+            windows.append({"start_s": start / self.sample_rate, "end_s": end / self.sample_rate, "rows": rows})
+        if not units:
+            raise ValueError(f"too short to embed: {len(samples)} samples ({len(samples) / self.sample_rate:.3f} s) "
+                             f"give no feature frame")
+        meta = {"duration_s": round(decoded.duration_s, 6), "sample_rate": decoded.source_rate,
+                "channels": decoded.channels, "decoder": decoded.decoder}
+        if len(bounds) > 1:
+            meta["window_s"] = self.window_s
+            meta["windows"] = windows
+        return PreparedItem(units=units, meta=meta)
+
+
+def pad_batch(units: list[Unit], device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features zero-padded to the longest unit (B, T, F) and the mask (B, T), True = a valid frame."""
+    longest = max(u.length for u in units)
+    width = units[0].inputs["input_features"].shape[-1]
+    features = torch.zeros((len(units), longest, width), dtype=dtype, device=device)
+    mask = torch.zeros((len(units), longest), dtype=torch.bool, device=device)
+    for i, unit in enumerate(units):
+        feats = unit.inputs["input_features"]
+        features[i, :unit.length] = feats.to(device=device, dtype=dtype)
+        own = unit.inputs.get("input_features_mask")
+        mask[i, :unit.length] = own.to(device) if own is not None else True
+    return features, mask
+
+
+def strip_rows(hidden: torch.Tensor, valid: torch.Tensor, units: list[Unit]) -> list[torch.Tensor]:
+    """Each unit's valid output rows; a count that disagrees with the unit's planned rows is a bug, not data."""
+    rows = []
+    for i, unit in enumerate(units):
+        kept = hidden[i][valid[i]]
+        if kept.shape[0] != unit.rows:
+            raise RuntimeError(f"audio tower gave {kept.shape[0]} valid rows for a unit planned at {unit.rows}")
+        rows.append(kept)
+    return rows
+
+
+def load_part(checkpoint, name: str, prefixes: tuple[str, ...], factory, dtype, device):
+    """Build one module without init and fill it strictly from the tensors under the first prefix present."""
+    from gemma_embed.models.loading import build_without_init, find_prefix, load_module, read_tensors
+
+    prefix = find_prefix(checkpoint, prefixes)
+    if prefix is None:
+        raise CheckpointError(f"{checkpoint.source}: no {name} tensors in the checkpoint "
+                              f"(looked for {' or '.join(prefixes)})")
+    return load_module(build_without_init(factory), read_tensors(checkpoint, prefix), prefix, dtype, device)
+
+
+def audio_sub_configs(checkpoint) -> tuple:
+    """(audio_config, text_config) of a composite checkpoint; a clear error when it has no audio tower."""
+    config = checkpoint.config
+    audio_config = getattr(config, "audio_config", None)
+    text_config = getattr(config, "text_config", None)
+    if audio_config is None or text_config is None:
+        raise CheckpointError(f"{checkpoint.source}: this checkpoint has no audio tower (no audio_config); "
+                              f"model type {getattr(config, 'model_type', '?')}")
+    return audio_config, text_config

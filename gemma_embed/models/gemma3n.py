@@ -1,0 +1,121 @@
+"""Gemma 3n: audio tower (a USM conformer) + `embed_audio`. Its vision tower needs timm and is not wired in.
+
+Two things differ from Gemma 4 and both matter for exactness:
+
+- The tower's mask is inverted: True = padding (`Gemma3nModel.forward` passes `~input_features_mask`).
+- Its subsampling convolutions pad time by two frames at the *end* ("reverse causal") and take no mask. A unit's
+  last valid token therefore sees the frames after the clip: in the per-clip reference those are the extractor's
+  own tail frames, then zeros (the convolution's padding), both for the mel input of the first convolution and
+  for the first convolution's output feeding the second. Zero-padding a batch reproduces the first case (units
+  keep the extractor's tail, see `AudioPreparer(keep_tail=True)`), but not the second: padded frames come out of
+  the first convolution's cumulative group norm as non-zero values, which the second convolution then reads
+  (measured: the last valid token of a short clip moves by ~1, the rest by <1e-6).
+
+So the batch is padded with zeros *and* the first convolution's output is zeroed past each unit's own length
+before the second convolution reads it: every valid row then sees exactly the numbers the per-clip reference
+saw (tests/test_gemma3n.py proves both the leak and the fix). Everything after the subsampling is masked
+(attention), causal and masked (light convolution) or per frame, and the group norms are cumulative over time,
+so later frames never reach earlier ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from gemma_embed.memory import gemma3n_audio_item_cost
+from gemma_embed.models.audio import audio_sub_configs, load_part, pad_batch, strip_rows
+from gemma_embed.models.base import Unit
+
+AUDIO_PREFIXES = {
+    "audio_tower": ("model.audio_tower.",),
+    "embed_audio": ("model.embed_audio.",),
+}
+
+
+def conv_output_frames(frames: int, kernel: int, stride: int) -> int:
+    """Time length after one subsampling convolution: padded (0, kernel - 1) at the end, no padding in front."""
+    return (frames + (kernel - 1) - kernel) // stride + 1 if frames > 0 else 0
+
+
+def subsampled_frames(config, frames: int) -> list[int]:
+    """Time length after each subsampling convolution, for a unit of `frames` mel frames."""
+    lengths = []
+    for (kernel, _), (stride, _) in zip(config.sscp_conv_kernel_size, config.sscp_conv_stride_size, strict=True):
+        frames = conv_output_frames(frames, kernel, stride)
+        lengths.append(frames)
+    return lengths
+
+
+def gemma3n_audio_rows(config, valid_frames: int, frames: int) -> int:
+    """Valid output tokens, as the tower's output mask counts them.
+
+    Subsampled position t is valid when mel frame t * (product of time strides) is; the conformer then keeps
+    every `conf_reduction_factor`-th position.
+    """
+    stride = math.prod(s for s, _ in config.sscp_conv_stride_size)
+    reduction = max(1, int(config.conf_reduction_factor))
+    positions = -(-subsampled_frames(config, frames)[-1] // reduction)
+    valid = -(-int(valid_frames) // (stride * reduction))
+    return max(0, min(positions, valid))
+
+
+class Gemma3nAudioTower:
+    """Gemma 3n audio encoder + projection over ragged, zero-padded batches (see the module note)."""
+
+    grouping = "ragged"
+
+    def __init__(self, checkpoint, device, dtype):
+        from transformers.models.gemma3n.modeling_gemma3n import Gemma3nAudioEncoder, Gemma3nMultimodalEmbedder
+
+        audio_config, text_config = audio_sub_configs(checkpoint)
+        self.config = audio_config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        # Gemma3nAudioEncoder.from_pretrained(composite dir) silently keeps random weights (its base prefix is
+        # "model"): build it without init and load its tensors strictly instead.
+        self.tower = load_part(checkpoint, "audio_tower", AUDIO_PREFIXES["audio_tower"],
+                               lambda: Gemma3nAudioEncoder(audio_config), dtype, device)
+        self.embed = load_part(checkpoint, "embed_audio", AUDIO_PREFIXES["embed_audio"],
+                               lambda: Gemma3nMultimodalEmbedder(audio_config, text_config), dtype, device)
+        self.output_dims = {"tower": audio_config.hidden_size, "language": text_config.hidden_size}
+        self.zero_conv_padding = True  # tests switch it off to show the leak it prevents
+
+    def rows_for_frames(self, valid_frames: int, frames: int) -> int:
+        return gemma3n_audio_rows(self.config, valid_frames, frames)
+
+    def unit_cost(self, length: int) -> int:
+        channels = self.config.sscp_conv_channel_size[0]
+        return gemma3n_audio_item_cost(length, channels, self.config.input_feat_size,
+                                       torch.empty((), dtype=self.dtype).element_size())
+
+    @contextlib.contextmanager
+    def _first_conv_output_cut(self, units: list[Unit]):
+        """Zero the first convolution's output past each unit's own length, as the per-clip reference sees it."""
+        if not self.zero_conv_padding:
+            yield
+            return
+        lengths = [subsampled_frames(self.config, u.length)[0] for u in units]
+
+        def cut(_module, args):
+            (hidden,) = args  # (B, C, T, F)
+            keep = torch.arange(hidden.shape[2], device=hidden.device)[None, :] < torch.tensor(
+                lengths, device=hidden.device)[:, None]
+            return (hidden * keep[:, None, :, None].to(hidden.dtype),)
+
+        handle = self.tower.subsample_conv_projection.conv_1.register_forward_pre_hook(cut)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def encode(self, units: list[Unit], space: str) -> list[torch.Tensor]:
+        features, valid = pad_batch(units, self.device, self.dtype)
+        with self._first_conv_output_cut(units):
+            out = self.tower(features, ~valid, return_dict=True)  # this tower's mask: True = padding
+        hidden = out.last_hidden_state
+        if space == "language":
+            hidden = self.embed(inputs_embeds=hidden)
+        return strip_rows(hidden, ~out.audio_mel_mask, units)

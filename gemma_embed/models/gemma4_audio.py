@@ -1,0 +1,60 @@
+"""Gemma 4 (and EmbeddingGemma 2, which reuses its towers): audio tower + `embed_audio`.
+
+The tower is padding-invariant when it gets the mask (True = valid): its subsampling convolutions multiply the
+input by the mask before each layer, its local attention masks padded keys, and its light convolutions are
+causal. So units of different lengths share a batch, zero-padded to the longest, and each unit's rows are
+stripped with the tower's output mask.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gemma_embed.memory import audio_item_cost
+from gemma_embed.models.audio import audio_sub_configs, load_part, pad_batch, strip_rows
+from gemma_embed.models.base import Unit
+
+AUDIO_PREFIXES = {
+    "audio_tower": ("model.audio_tower.", "audio_tower."),
+    "embed_audio": ("model.embed_audio.", "embed_audio."),
+}
+SUBSAMPLING_LAYERS = 2  # two stride-2 convolutions over time, each keeping mask[:, ::2]
+
+
+def gemma4_audio_rows(valid_frames: int, frames: int | None = None) -> int:
+    """Valid output tokens for a clip of `valid_frames` mel frames, as the tower's output mask counts them."""
+    rows = max(0, int(valid_frames))
+    for _ in range(SUBSAMPLING_LAYERS):
+        rows = (rows + 1) // 2  # len(mask[::2]) of a valid prefix
+    return rows
+
+
+class Gemma4AudioTower:
+    """Gemma 4 audio encoder + projection over ragged, zero-padded batches."""
+
+    grouping = "ragged"
+
+    def __init__(self, checkpoint, device, dtype):
+        from transformers.models.gemma4.modeling_gemma4 import Gemma4AudioModel, Gemma4MultimodalEmbedder
+
+        audio_config, text_config = audio_sub_configs(checkpoint)
+        audio_config._attn_implementation = "eager"  # the chunked local attention exists only in eager
+        self.config = audio_config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.tower = load_part(checkpoint, "audio_tower", AUDIO_PREFIXES["audio_tower"],
+                               lambda: Gemma4AudioModel(audio_config), dtype, device)
+        self.embed = load_part(checkpoint, "embed_audio", AUDIO_PREFIXES["embed_audio"],
+                               lambda: Gemma4MultimodalEmbedder(audio_config, text_config), dtype, device)
+        self.output_dims = {"tower": audio_config.output_proj_dims, "language": text_config.hidden_size}
+
+    def unit_cost(self, length: int) -> int:
+        return audio_item_cost(length, torch.empty((), dtype=self.dtype).element_size())
+
+    def encode(self, units: list[Unit], space: str) -> list[torch.Tensor]:
+        features, mask = pad_batch(units, self.device, self.dtype)
+        out = self.tower(features, mask, return_dict=True)
+        hidden = out.last_hidden_state
+        if space == "language":
+            hidden = self.embed(inputs_embeds=hidden)
+        return strip_rows(hidden, out.attention_mask.bool(), units)
