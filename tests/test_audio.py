@@ -92,7 +92,7 @@ def test_ragged_batch_rows_match_each_clip_alone(tmp_path, monkeypatch, gemma4_d
     # Every clip in one ragged group, however much padding that takes (the default caps it at 25%).
     monkeypatch.setattr(pipeline, "RAGGED_MAX_PADDING", 1.0)
     out = tmp_path / "audio.safetensors"
-    code, records, err = run_audio([folder], gemma4_dir, out, space=space)
+    code, records, err = run_audio([folder], gemma4_dir, out, space=space, batch_size=len(CLIP_SECONDS))
     assert code == 0, err
 
     frames = sorted(encode_log[0])

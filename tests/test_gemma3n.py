@@ -128,7 +128,8 @@ def test_ragged_batch_rows_match_each_clip_alone(tmp_path, monkeypatch, gemma3n_
     monkeypatch.setattr(Gemma3nAudioTower, "encode", spy)
     monkeypatch.setattr(pipeline, "RAGGED_MAX_PADDING", 1.0)
     out = tmp_path / "g3n.safetensors"
-    code, _, err = run_images([tmp_path / "clips"], gemma3n_dir, out, modality="audio")
+    code, _, err = run_images([tmp_path / "clips"], gemma3n_dir, out, modality="audio",
+                              batch_size=len(CLIP_SECONDS))
     assert code == 0, err
     assert len(calls) == 1 and len(set(calls[0])) == len(CLIP_SECONDS), calls
     result = gemma_embed.load(out)
