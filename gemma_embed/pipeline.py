@@ -101,7 +101,7 @@ def prepared_stream(modality: Modality, sources: Iterable[Source], workers: int)
     """Windows of prepared items, in input order; decoding runs in threads ahead of the consumer."""
     it = iter(sources)
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="decode") as pool:
-        while window := list(itertools.islice(it, WINDOW_ITEMS)):
+        while window := list(itertools.islice(it, modality.window_items or WINDOW_ITEMS)):
             yield list(pool.map(lambda s: decode_and_prepare(modality, s), window))
 
 
