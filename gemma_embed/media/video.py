@@ -132,7 +132,6 @@ class FrameTable:
     time_base: Fraction
     pts: list[int] | None  # presentation timestamps, ascending; None when the stream has none usable
     keyframes: list[int] = field(default_factory=list)  # indices into pts of frames that start a GOP
-    seek_offsets: dict[int, int] = field(default_factory=dict)  # keyframe index -> timestamp to seek to
     end_pts: int | None = None  # where the last frame stops being shown
 
     @property
@@ -193,7 +192,7 @@ def probe(container, stream, deadline: _Deadline) -> FrameTable:
     """Demux every packet of the stream (cheap: nothing is decoded) into a frame table."""
     import av
 
-    entries = []  # (pts, dts, keyframe, duration)
+    entries = []  # (pts, keyframe, duration)
     corrupt = False
     try:
         for packet in container.demux(stream):
@@ -201,7 +200,7 @@ def probe(container, stream, deadline: _Deadline) -> FrameTable:
             if packet.size == 0 or packet.is_discard:  # flush packets; edit-list discards never reach the screen
                 continue
             corrupt = corrupt or packet.is_corrupt
-            entries.append((packet.pts, packet.dts, packet.is_keyframe, packet.duration or 0))
+            entries.append((packet.pts, packet.is_keyframe, packet.duration or 0))
     except av.error.FFmpegError as exc:
         raise VideoDecodeError(f"corrupt or truncated video stream: {exc.strerror or exc}") from None
     time_base = Fraction(stream.time_base) if stream.time_base else Fraction(1, 1)
@@ -217,14 +216,9 @@ def probe(container, stream, deadline: _Deadline) -> FrameTable:
     pts = [e[0] for e in entries]
     steps = [b - a for a, b in zip(pts, pts[1:], strict=False)]
     typical_step = int(statistics.median(steps)) if steps else 1
-    end_pts = pts[-1] + (entries[-1][3] or typical_step or 1)
-    table = FrameTable(
-        packets=len(entries), time_base=time_base, pts=pts, end_pts=end_pts,
-        keyframes=[i for i, e in enumerate(entries) if e[2]],
-        # Seek by the keyframe's decode timestamp where known: MP4 indexes samples by dts, and dts <= pts, so
-        # a backward seek to it lands on this keyframe (or an earlier one), never past it.
-        seek_offsets={i: (e[1] if e[1] is not None else e[0]) for i, e in enumerate(entries) if e[2]},
-    )
+    end_pts = pts[-1] + (entries[-1][2] or typical_step or 1)
+    table = FrameTable(packets=len(entries), time_base=time_base, pts=pts, end_pts=end_pts,
+                       keyframes=[i for i, e in enumerate(entries) if e[1]])
     _check_complete(table, _declared_duration(stream), typical_step)
     return table
 
@@ -282,7 +276,9 @@ def _decode_by_table(container, stream, table: FrameTable, wanted: list[int],
     for target in wanted:
         keyframe = table.keyframes[max(0, bisect_right(table.keyframes, target) - 1)] if table.keyframes else 0
         if keyframe > position + SEEK_MIN_SKIP:
-            container.seek(table.seek_offsets[keyframe], stream=stream, backward=True, any_frame=False)
+            # By the keyframe's pts: measured to land exactly on it in MP4, Matroska, WebM and AVI (its dts
+            # lands one GOP early in MP4/Matroska with B-frames). Landing elsewhere is caught below.
+            container.seek(table.pts[keyframe], stream=stream, backward=True, any_frame=False)
             decoder = container.decode(stream)
             seeks += 1
         while position < target:
