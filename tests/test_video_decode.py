@@ -109,6 +109,8 @@ def test_seeking_on_a_long_clip_decodes_the_same_frames(tmp_path):
     path = write_video(tmp_path / "long.mp4", "libx264", 96, 64, 600, rate=30, gop=12)
     video = decode_video(str(path), FramePolicy(num_frames=8))  # 75 frames apart, keyframes every 12
     assert video.seeks > 0, "sparse samples of a clip with short GOPs should be decoded by seeking"
+    # Each seek lands on the keyframe before its target: at most a GOP decoded per sampled frame.
+    assert video.frames_decoded <= 8 * 12 + 24
     assert video.frame_indices == transformers_indices(600, num_frames=8)
     reference, _ = read_video_pyav(str(path), sample_indices_fn=lambda **_: np.array(video.frame_indices))
     assert np.array_equal(video.frames, reference)
@@ -133,6 +135,13 @@ def test_stream_without_timestamps_is_decoded_by_counting_frames(tmp_path):
     with av.open(str(path)) as container:  # transformers' reader cannot seek(0) in a raw stream
         every_frame = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
     assert np.array_equal(video.frames, np.stack([every_frame[i] for i in video.frame_indices]))
+
+
+def test_decoding_stops_at_the_last_sampled_frame(tmp_path):
+    path = write_video(tmp_path / "ten.mp4", "libx264", 64, 48, 100, rate=25, gop=250)  # a single GOP
+    video = decode_video(str(path), FramePolicy(num_frames=None, fps=1.0, max_frames=2))  # frames 0 and 50
+    assert video.frame_indices == [0, 50] and video.seeks == 0
+    assert video.frames_decoded == 51
 
 
 def test_rotation_metadata_is_applied(videos):

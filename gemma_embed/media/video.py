@@ -246,6 +246,7 @@ class DecodedVideo:
     rotation: int  # degrees counter-clockwise applied to the stored frames
     codec: str
     seeks: int = 0  # how many times decoding jumped ahead (for tests and benchmarks)
+    frames_decoded: int = 0  # frames the decoder produced, sampled or not
 
     @property
     def height(self) -> int:
@@ -265,12 +266,12 @@ def _rgb(frame) -> np.ndarray:
 
 
 def _decode_by_table(container, stream, table: FrameTable, wanted: list[int],
-                     deadline: _Deadline) -> tuple[dict[int, np.ndarray], int, int]:
+                     deadline: _Deadline) -> tuple[dict[int, np.ndarray], int, int, int]:
     """Frames at the wanted indices, located by timestamp; seeks ahead where that pays."""
     index_of = {p: i for i, p in enumerate(table.pts)}
     frames: dict[int, np.ndarray] = {}
     rotation = 0
-    seeks = 0
+    seeks = decoded = 0
     position = -1  # index of the last frame decoded
     decoder = container.decode(stream)
     for target in wanted:
@@ -286,17 +287,18 @@ def _decode_by_table(container, stream, table: FrameTable, wanted: list[int],
             frame = next(decoder, None)
             if frame is None or frame.pts not in index_of:
                 raise _TableMismatch
+            decoded += 1
             position = index_of[frame.pts]
             if position == target:
                 frames[target] = _rgb(frame)
                 rotation = frame.rotation
         if target not in frames:  # stepped over it: the table's order is not the decoder's
             raise _TableMismatch
-    return frames, rotation, seeks
+    return frames, rotation, seeks, decoded
 
 
 def _decode_by_count(path: str, wanted: list[int], deadline: _Deadline
-                     ) -> tuple[dict[int, np.ndarray], int, dict[int, float | None]]:
+                     ) -> tuple[dict[int, np.ndarray], int, dict[int, float | None], int]:
     """Frames at the wanted indices counted in output order from the start; their own timestamps."""
     import av
 
@@ -305,6 +307,7 @@ def _decode_by_count(path: str, wanted: list[int], deadline: _Deadline
     times: dict[int, float | None] = {}
     rotation = 0
     first_time = None
+    index = -1
     with _open(path) as container:
         stream = _video_stream(container)
         try:
@@ -326,7 +329,7 @@ def _decode_by_count(path: str, wanted: list[int], deadline: _Deadline
     if missing:
         raise VideoDecodeError(f"truncated: frame {missing[0]} cannot be decoded ({len(frames)} of "
                                f"{len(wanted)} sampled frames decoded)")
-    return frames, rotation, times
+    return frames, rotation, times, index + 1
 
 
 def upright(frames: np.ndarray, rotation: int) -> np.ndarray:
@@ -360,20 +363,20 @@ def decode_video(path: str, policy: FramePolicy = FramePolicy(), time_limit_s: f
     if len(wanted) * width * height * 3 > MAX_DECODED_BYTES:
         raise VideoDecodeError(f"{len(wanted)} frames of {width}x{height} exceed {MAX_DECODED_BYTES >> 30} GiB; "
                                f"sample fewer (--max-frames)")
-    seeks = 0
+    seeks = decoded = 0
     frames = None
     if table.pts is not None:
         try:
             with _open(path) as container:
-                frames, rotation, seeks = _decode_by_table(container, _video_stream(container), table, wanted,
-                                                           deadline)
+                frames, rotation, seeks, decoded = _decode_by_table(container, _video_stream(container), table,
+                                                                    wanted, deadline)
             times = {i: float((table.pts[i] - table.pts[0]) * table.time_base) for i in wanted}
         except _TableMismatch:
             frames = None
         except av.error.FFmpegError as exc:
             raise VideoDecodeError(f"corrupt video stream: {exc.strerror or exc}") from None
     if frames is None:
-        frames, rotation, times = _decode_by_count(path, wanted, deadline)
+        frames, rotation, times, decoded = _decode_by_count(path, wanted, deadline)
     try:
         stacked = np.stack([frames[i] for i in wanted])
     except ValueError:
@@ -381,5 +384,5 @@ def decode_video(path: str, policy: FramePolicy = FramePolicy(), time_limit_s: f
     return DecodedVideo(
         frames=upright(stacked, rotation), frame_indices=wanted, timestamps=[times[i] for i in wanted],
         fps=float(total / duration) if duration else average_rate, duration_s=float(duration or 0.0),
-        total_frames=total, rotation=int(rotation), codec=codec, seeks=seeks,
+        total_frames=total, rotation=int(rotation), codec=codec, seeks=seeks, frames_decoded=decoded,
     )
