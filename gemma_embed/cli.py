@@ -44,6 +44,12 @@ class Pool(str, Enum):
     mean = "mean"
 
 
+class VideoPool(str, Enum):
+    none = "none"
+    mean = "mean"
+    frame = "frame"
+
+
 class Space(str, Enum):
     language = "language"
     tower = "tower"
@@ -57,6 +63,7 @@ class OnError(str, Enum):
 class Modality(str, Enum):
     images = "images"
     audio = "audio"
+    video = "video"
 
 
 def _param(name: str, annotation, default=inspect.Parameter.empty) -> inspect.Parameter:
@@ -72,6 +79,12 @@ def _batch_size(value: str) -> str:
 def _soft_tokens(value: int | None) -> int | None:
     if value is not None and value not in IMAGE_SOFT_TOKEN_BUDGETS:
         raise typer.BadParameter(f"must be one of {', '.join(map(str, IMAGE_SOFT_TOKEN_BUDGETS))}")
+    return value
+
+
+def _positive(value: float | None) -> float | None:
+    if value is not None and not value > 0:
+        raise typer.BadParameter("must be a positive number")
     return value
 
 
@@ -93,7 +106,8 @@ MODEL_OPTIONS = [
     _param("null", Annotated[bool, typer.Option("-0", "--null", help="Paths on stdin are NUL-separated.")], False),
     _param("quiet", Annotated[bool, typer.Option("-q", "--quiet", help="Nothing on stderr.")], False),
     _param("max_soft_tokens", Annotated[int | None, typer.Option(
-        help="Images: the processor's soft-token budget (70, 140, 280, 560 or 1120); default: the checkpoint's.",
+        help="Soft tokens per image or video frame (70, 140, 280, 560 or 1120); default: the checkpoint "
+             "processor's (Gemma 4: 280 per image, 70 per frame).",
         callback=_soft_tokens)], None),
 ]
 OUTPUT_OPTIONS = [
@@ -121,6 +135,24 @@ OUTPUT_OPTIONS = [
     _param("jsonl", Annotated[bool, typer.Option(help="One JSON record per item on stdout.")], False),
 ]
 
+
+# Video: frame sampling (the checkpoint processor's policy unless overridden) and per-frame pooling.
+VIDEO_SAMPLING_OPTIONS = [
+    _param("fps", Annotated[float | None, typer.Option(
+        callback=_positive, show_default=False,
+        help="Sample this many frames per second of video (by timestamps), at most --max-frames. "
+             "Default: the processor's policy (Gemma 4: 32 frames evenly spaced).")], None),
+    _param("max_frames", Annotated[int | None, typer.Option(
+        min=1, show_default=False,
+        help="Frames per video: the count sampled evenly, or the cap with --fps (default: the processor's, "
+             "32). Shorter clips give all their frames.")], None),
+]
+VIDEO_OPTIONS = [
+    *VIDEO_SAMPLING_OPTIONS,
+    _param("pool", Annotated[VideoPool, typer.Option(
+        help="none: every row; mean: one row per video; frame: one row per frame (mean of its tokens).")],
+           VideoPool.none),
+]
 
 COMMON_NAMES = {p.name for p in [PATHS, *MODEL_OPTIONS, *OUTPUT_OPTIONS]} | {"jsonl", "quiet"}
 
@@ -183,7 +215,9 @@ def _command(modality: str, summary: str, extra_options: list[inspect.Parameter]
     def command(**opts) -> None:
         _embed(modality, opts)
 
-    command.__signature__ = inspect.Signature([PATHS, *OUTPUT_OPTIONS, *MODEL_OPTIONS, *extra_options])
+    # A modality's option replaces a shared one of the same name (video's --pool adds "frame").
+    options = {p.name: p for p in [PATHS, *OUTPUT_OPTIONS, *MODEL_OPTIONS, *extra_options]}
+    command.__signature__ = inspect.Signature(list(options.values()))
     command.__doc__ = summary
     return command
 
@@ -199,6 +233,8 @@ app.command("images")(_command("images", "Embed images: one item per image, rows
 app.command("audio")(_command(
     "audio", "Embed audio: one item per file (decoded to mono at the model's rate), rows = its soft tokens.",
     AUDIO_OPTIONS))
+app.command("video")(_command(
+    "video", "Embed videos: one item per video, rows = sampled frames x soft tokens per frame.", VIDEO_OPTIONS))
 
 
 def plan(**opts) -> None:
@@ -216,7 +252,7 @@ def plan(**opts) -> None:
 
 plan.__signature__ = inspect.Signature([
     PATHS, _param("modality", Annotated[Modality, typer.Option(help="What the paths hold.")], Modality.images),
-    *MODEL_OPTIONS, *AUDIO_OPTIONS])
+    *MODEL_OPTIONS, *AUDIO_OPTIONS, *VIDEO_SAMPLING_OPTIONS])
 app.command("plan")(plan)
 
 

@@ -7,11 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from gemma_embed.config import RunConfig
 from gemma_embed.errors import UsageError
 from gemma_embed.models.base import Preparer, Tower
+
+# Prepared video frames are float32 patches (about 2 MB a frame at 70 soft tokens): a video window is sized in
+# frames, not the pipeline's default count of items, so host memory stays flat.
+VIDEO_WINDOW_FRAMES = 512
 
 
 @dataclass
@@ -20,6 +25,8 @@ class Modality:
     decode: Callable[[str], Any]  # path -> decoded media; raises with a one-line reason
     preparer: Preparer
     tower: Tower
+    pools: tuple[str, ...] = ("none", "mean")  # the --pool values that make sense for these items
+    window_items: int | None = None  # items decoded and prepared together; None: the pipeline's default
 
 
 def _images(config: RunConfig, checkpoint, device, dtype) -> Modality:
@@ -64,9 +71,28 @@ def _audio(config: RunConfig, checkpoint, device, dtype) -> Modality:
     return Modality("audio", decode, preparer, tower)
 
 
+def _video(config: RunConfig, checkpoint, device, dtype) -> Modality:
+    from gemma_embed.media.video import decode_video, resolve_policy
+    from gemma_embed.models.gemma4 import Gemma4VideoPreparer, Gemma4VisionTower
+
+    fps, max_frames = config.extra.get("fps"), config.extra.get("max_frames")
+    if fps is not None and not fps > 0:
+        raise UsageError(f"--fps must be positive, got {fps}")
+    if max_frames is not None and max_frames < 1:
+        raise UsageError(f"--max-frames must be at least 1, got {max_frames}")
+    preparer = Gemma4VideoPreparer(checkpoint, config.max_soft_tokens)
+    policy = resolve_policy(preparer.num_frames, preparer.fps, fps=fps, max_frames=max_frames)
+    window = max(1, VIDEO_WINDOW_FRAMES // (policy.most_frames or VIDEO_WINDOW_FRAMES))
+    # Frames are images to the vision tower: the same tower class, so frames share the image path's buckets.
+    return Modality("video", partial(decode_video, policy=policy), preparer,
+                    Gemma4VisionTower(checkpoint, device, dtype), pools=("none", "mean", "frame"),
+                    window_items=window)
+
+
 BUILDERS: dict[str, Callable[..., Modality]] = {
     "images": _images,
     "audio": _audio,
+    "video": _video,
 }
 
 
@@ -75,4 +101,8 @@ def build_modality(config: RunConfig, checkpoint, device, dtype) -> Modality:
         builder = BUILDERS[config.modality]
     except KeyError:
         raise UsageError(f"modality {config.modality!r} is not supported") from None
-    return builder(config, checkpoint, device, dtype)
+    modality = builder(config, checkpoint, device, dtype)
+    if config.pool not in modality.pools:
+        raise UsageError(f"--pool {config.pool} does not apply to {config.modality} "
+                         f"(choose {', '.join(modality.pools)})")
+    return modality

@@ -275,7 +275,7 @@ def _merge_slices(output, part: distributed.Slice, writer: EmbeddingWriter, repo
 
 def _embed_all(config: RunConfig, modality: Modality, engine: Engine, writer: EmbeddingWriter,
                sources: Iterable[Source], reporter: Reporter, stop) -> None:
-    window_items = max(1, min(WINDOW_ITEMS, config.flush_every))
+    window_items = max(1, min(modality.window_items or WINDOW_ITEMS, config.flush_every))
     is_done = writer.is_done if config.resume else None
     for window in prepared_stream(modality, sources, config.workers, window_items, is_done=is_done):
         stop.check()

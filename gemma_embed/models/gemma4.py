@@ -113,15 +113,69 @@ class Gemma4ImagePreparer:
     def prepare(self, image) -> PreparedItem:
         out = self.processor([image], return_tensors="pt", max_soft_tokens=self.max_soft_tokens)
         (unit,) = trim_vision_inputs(out["pixel_values"], out["image_position_ids"], self.pool_area)
-        positions = unit.inputs["position_ids"]
-        grid_w = int(positions[:, 0].max()) + 1
-        grid_h = int(positions[:, 1].max()) + 1
         meta = {
             "width": image.width,
             "height": image.height,
             "max_soft_tokens": self.max_soft_tokens,
-            "resized_width": grid_w * self.patch_size,
-            "resized_height": grid_h * self.patch_size,
+            **resized_size(unit, self.patch_size),
             "patches": unit.length,
         }
         return PreparedItem(units=[unit], meta=meta)
+
+
+def resized_size(unit: Unit, patch_size: int) -> dict:
+    """The size the processor resized to, read back from the unit's patch grid."""
+    positions = unit.inputs["position_ids"]
+    return {"resized_width": (int(positions[:, 0].max()) + 1) * patch_size,
+            "resized_height": (int(positions[:, 1].max()) + 1) * patch_size}
+
+
+class Gemma4VideoPreparer:
+    """transformers' video processor from the checkpoint, on one video's decoded frames at a time.
+
+    Frames arrive already sampled (media/video.py follows the processor's own policy), so the processor runs
+    with do_sample_frames=False and never sees a file path (that path needs torchcodec). Each frame becomes one
+    unit: to the vision tower a frame is an image, so frames of every video share its buckets.
+    """
+
+    def __init__(self, checkpoint: Checkpoint, max_soft_tokens: int | None = None):
+        from transformers import AutoVideoProcessor
+
+        try:
+            self.processor = AutoVideoProcessor.from_pretrained(str(checkpoint.folder))
+        except (OSError, ValueError, KeyError, ImportError) as exc:
+            raise CheckpointError(f"{checkpoint.source}: cannot load its video processor: "
+                                  f"{' '.join(str(exc).split())}") from exc
+        self.max_soft_tokens = int(max_soft_tokens or getattr(self.processor, "max_soft_tokens", 70))
+        vision_config = getattr(checkpoint.config, "vision_config", None)
+        self.pool_area = (vision_config.pooling_kernel_size if vision_config else 3) ** 2
+        self.patch_size = getattr(self.processor, "patch_size", 16)
+        self.num_frames = getattr(self.processor, "num_frames", None)  # the processor's sampling policy
+        self.fps = getattr(self.processor, "fps", None)
+
+    def describe(self) -> dict:
+        return {"processor": type(self.processor).__name__, "max_soft_tokens": self.max_soft_tokens,
+                "num_frames": self.num_frames, "fps": self.fps}
+
+    def prepare(self, video) -> PreparedItem:
+        out = self.processor(videos=[video.frames], do_sample_frames=False, return_tensors="pt",
+                             max_soft_tokens=self.max_soft_tokens)
+        units = trim_vision_inputs(out["pixel_values_videos"], out["video_position_ids"], self.pool_area)
+        rows_per_frame = units[0].rows  # one resize per video: every frame has the same grid
+        meta = {
+            "width": video.width,
+            "height": video.height,
+            "frames": len(units),
+            "frame_indices": list(video.frame_indices),
+            "timestamps": list(video.timestamps),
+            "fps": video.fps,
+            "duration_s": video.duration_s,
+            "total_frames": video.total_frames,
+            "rotation": video.rotation,
+            "codec": video.codec,
+            "rows_per_frame": rows_per_frame,
+            "max_soft_tokens": self.max_soft_tokens,
+            **resized_size(units[0], self.patch_size),
+            "patches": units[0].length,
+        }
+        return PreparedItem(units=units, meta=meta, rows_per_unit=rows_per_frame)

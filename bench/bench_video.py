@@ -1,0 +1,198 @@
+"""Benchmark: `gemma-embed video` (library call) against transformers' per-video loop, in one run.
+
+    PYTHONPATH=. python bench/bench_video.py [--videos 4] [--rounds 2] [--batch-size N] [--device cpu]
+
+Builds a random Gemma 4 checkpoint with a mid-size vision tower (hidden 256, 4 layers), writes videos of several
+sizes and lengths with PyAV, then times
+  * this tool: pipeline.run over all videos (decode threads, frame buckets across videos, planned chunks);
+  * the reference loop: per video, transformers' PyAV reader at the same frame indices, the checkpoint's video
+    processor, and model.model.get_video_features.
+Prints frames/s and videos/s of each, their ratio, decode and encode time separately, peak RSS, and the largest
+relative error between the two (they must agree). The two alternate for --rounds rounds and the best round of
+each is kept, because a shared CPU makes single timings noisy. The tool's wall time excludes loading the
+checkpoint and processor (printed separately); the reference's model is loaded once, outside its timing.
+A last section times decoding one long clip by seeking against transformers' sequential reader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "samples"))
+
+from make_tiny_checkpoint import build_gemma4  # noqa: E402
+from make_video_samples import write_video  # noqa: E402
+
+# (width, height, frames): three aspect ratios, so frames fall in a few buckets shared across videos.
+SHAPES = [(320, 240, 90), (640, 360, 60), (240, 320, 45), (160, 120, 24), (480, 270, 120), (320, 240, 16)]
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Timer:
+    """Adds up the wall time spent in wrapped functions (summed over decode threads)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, owner, name: str, label: str):
+        original = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - start
+
+        setattr(owner, name, timed)
+        return original
+
+
+def run_tool(ckpt: Path, videos: list[Path], out: Path, device: str, batch_size: int | None = None):
+    """Wall seconds of pipeline.run less its setup, and the seconds spent in each stage."""
+    import gemma_embed.media.video as video_module
+    import gemma_embed.models.loading as loading
+    from gemma_embed import pipeline
+    from gemma_embed.config import RunConfig
+    from gemma_embed.models.gemma4 import Gemma4VideoPreparer, Gemma4VisionTower
+    from gemma_embed.progress import Reporter
+
+    timer = Timer()
+    wrapped = [(video_module, "decode_video", "decode"), (Gemma4VideoPreparer, "prepare", "prepare"),
+               (Gemma4VisionTower, "encode", "encode"), (pipeline, "build_modality", "setup"),
+               (loading, "resolve_checkpoint", "setup")]
+    restore = [(owner, name, timer.wrap(owner, name, label)) for owner, name, label in wrapped]
+    config = RunConfig(modality="video", inputs=tuple(map(str, videos)), output=out, model=str(ckpt),
+                       device=device, overwrite=True, batch_size=batch_size)
+    start = time.perf_counter()
+    try:
+        code = pipeline.run(config, Reporter(quiet=True, stdout=io.StringIO()))
+    finally:
+        for owner, name, original in restore:
+            setattr(owner, name, original)
+    wall = time.perf_counter() - start
+    assert code == 0, "the tool failed on a benchmark video"
+    return wall - timer.seconds.get("setup", 0.0), timer.seconds
+
+
+def run_reference(model, processor, videos: list[Path], indices: dict[str, list[int]]):
+    from transformers.video_utils import read_video_pyav
+
+    decode = encode = 0.0
+    rows = {}
+    for path in videos:
+        start = time.perf_counter()
+        wanted = np.array(indices[str(path)])
+        frames, _ = read_video_pyav(str(path), sample_indices_fn=lambda **_: wanted)  # noqa: B023
+        mid = time.perf_counter()
+        inputs = processor(videos=[frames], do_sample_frames=False, return_tensors="pt")
+        with torch.inference_mode():
+            out = model.model.get_video_features(
+                pixel_values_videos=inputs["pixel_values_videos"].to(model.device),
+                video_position_ids=inputs["video_position_ids"].to(model.device),
+                num_frames_per_video=inputs["num_frames_per_video"])
+        rows[str(path)] = out.pooler_output[0].float().cpu()
+        decode += mid - start
+        encode += time.perf_counter() - mid
+    return decode + encode, decode, encode, rows
+
+
+def bench_long_clip(folder: Path, frames: int) -> None:
+    """Decoding 32 frames of a long clip: seek-ahead (this tool) vs transformers' sequential PyAV reader."""
+    from transformers.video_utils import read_video_pyav
+
+    from gemma_embed.media.video import decode_video
+
+    path = write_video(folder / "long.mp4", "libx264", 640, 360, frames, rate=30, gop=60)
+    start = time.perf_counter()
+    video = decode_video(str(path))
+    ours = time.perf_counter() - start
+    start = time.perf_counter()
+    ref, _ = read_video_pyav(str(path), sample_indices_fn=lambda **_: np.array(video.frame_indices))
+    theirs = time.perf_counter() - start
+    assert np.array_equal(ref, video.frames)
+    print(f"long clip ({frames} frames 640x360, GOP 60, 32 sampled): decode {ours:.2f} s with {video.seeks} seeks "
+          f"vs {theirs:.2f} s sequential (x{theirs / ours:.1f}); frames identical")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--videos", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=2, help="alternating tool/reference rounds; best kept")
+    parser.add_argument("--batch-size", type=int, default=None, help="cap the tool's chunks (default: planned)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--vision-hidden", type=int, default=256)
+    parser.add_argument("--vision-layers", type=int, default=4)
+    parser.add_argument("--long-frames", type=int, default=900, help="0 skips the long-clip decode test")
+    args = parser.parse_args()
+
+    from transformers import AutoVideoProcessor, Gemma4ForConditionalGeneration
+
+    import gemma_embed
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        ckpt = build_gemma4(folder / "ckpt", seed=0, audio=False, vision_hidden=args.vision_hidden,
+                            vision_layers=args.vision_layers)
+        videos = []
+        for i in range(args.videos):
+            width, height, frames = SHAPES[i % len(SHAPES)]
+            videos.append(write_video(folder / f"v{i:03d}.mp4", "libx264", width, height, frames, seed=i))
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}; vision tower "
+              f"hidden {args.vision_hidden}, {args.vision_layers} layers; {len(videos)} videos")
+
+        # Warm both paths on one video so neither pays first-call costs in the timing.
+        run_tool(ckpt, videos[:1], folder / "warm.safetensors", args.device)
+        model = Gemma4ForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).to(args.device).eval()
+        processor = AutoVideoProcessor.from_pretrained(ckpt)
+
+        out = folder / "tool.safetensors"
+        tool_runs, ref_runs = [], []
+        for round_ in range(args.rounds):
+            tool_runs.append(run_tool(ckpt, videos, out, args.device, args.batch_size))
+            if round_ == 0:
+                tool_rss = peak_rss_mib()
+                ours = gemma_embed.load(out)
+                items = gemma_embed.read_metadata(out)["items"]
+                indices = {item["path"]: item["frame_indices"] for item in items}
+                run_reference(model, processor, videos[:1], indices)  # warm
+            ref_runs.append(run_reference(model, processor, videos, indices))
+            print(f"round {round_ + 1}: tool {tool_runs[-1][0]:.2f} s, reference {ref_runs[-1][0]:.2f} s", flush=True)
+        tool_wall, parts = min(tool_runs, key=lambda r: r[0])
+        ref_wall, ref_decode, ref_encode, ref_rows = min(ref_runs, key=lambda r: r[0])
+        frames = sum(len(v) for v in indices.values())
+        worst = max(float((ours[str(p)] - ref_rows[str(p)]).norm() / ref_rows[str(p)].norm()) for p in videos)
+
+        print(f"{'':>10} {'wall s':>8} {'frames/s':>9} {'videos/s':>9} {'decode s':>9} {'prepare s':>10} "
+              f"{'encode s':>9}")
+        print(f"tool setup (checkpoint + processor load, excluded): {parts.get('setup', 0):.2f} s; "
+              f"chunk cap: {args.batch_size or 'planned'}")
+        print(f"{'tool':>10} {tool_wall:8.2f} {frames / tool_wall:9.1f} {len(videos) / tool_wall:9.2f} "
+              f"{parts.get('decode', 0):9.2f} {parts.get('prepare', 0):10.2f} {parts.get('encode', 0):9.2f}")
+        print(f"{'reference':>10} {ref_wall:8.2f} {frames / ref_wall:9.1f} {len(videos) / ref_wall:9.2f} "
+              f"{ref_decode:9.2f} {'(in encode)':>10} {ref_encode:9.2f}")
+        print(f"ratio tool/reference: x{ref_wall / tool_wall:.2f} frames/s ({frames} frames in {len(videos)} videos)")
+        print("tool decode/prepare/encode are summed over threads (decode and prepare run in 2 worker threads, "
+              "overlapping each other); reference encode includes its processor")
+        print(f"peak RSS: {tool_rss:.0f} MiB after the tool, {peak_rss_mib():.0f} MiB after the reference "
+              f"(process-wide, includes the full reference model)")
+        print(f"max relative error tool vs reference: {worst:.2e}")
+        if args.long_frames:
+            bench_long_clip(folder, args.long_frames)
+
+
+if __name__ == "__main__":
+    main()
