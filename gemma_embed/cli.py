@@ -196,9 +196,11 @@ def _fail(message: str, code: int) -> typer.Exit:
 
 def _embed(modality: str, opts: dict) -> None:
     from gemma_embed.errors import UsageError
+    from gemma_embed.hostmem import pin_mmap_threshold
     from gemma_embed.pipeline import run
     from gemma_embed.progress import Reporter
 
+    pin_mmap_threshold()  # keeps peak memory flat over long runs (see hostmem.py)
     reporter = Reporter(quiet=opts["quiet"], jsonl=opts["jsonl"], debug=opts["debug"])
     try:
         code = run(_config(modality, opts), reporter)
