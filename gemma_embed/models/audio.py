@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 import torch
 
-from gemma_embed.errors import CheckpointError, UsageError
+from gemma_embed.errors import UsageError
 from gemma_embed.models.base import PreparedItem, Unit
+from gemma_embed.models.loading import load_processor, tower_configs
 
 # The extractors' own `max_length` (480 000 samples at 16 kHz): anything longer is cut without a word.
 MAX_WINDOW_S = 30.0
@@ -47,13 +48,7 @@ def validate_window(window_s: float) -> float:
 
 
 def load_feature_extractor(checkpoint):
-    from transformers import AutoFeatureExtractor
-
-    try:
-        return AutoFeatureExtractor.from_pretrained(str(checkpoint.folder))
-    except (OSError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"{checkpoint.source}: cannot load its audio feature extractor: "
-                              f"{' '.join(str(exc).split())}") from exc
+    return load_processor(checkpoint, "AutoFeatureExtractor", "audio feature extractor")
 
 
 class AudioPreparer:
@@ -146,23 +141,6 @@ def strip_rows(hidden: torch.Tensor, valid: torch.Tensor, units: list[Unit]) -> 
     return rows
 
 
-def load_part(checkpoint, name: str, prefixes: tuple[str, ...], factory, dtype, device):
-    """Build one module without init and fill it strictly from the tensors under the first prefix present."""
-    from gemma_embed.models.loading import build_without_init, find_prefix, load_module, read_tensors
-
-    prefix = find_prefix(checkpoint, prefixes)
-    if prefix is None:
-        raise CheckpointError(f"{checkpoint.source}: no {name} tensors in the checkpoint "
-                              f"(looked for {' or '.join(prefixes)})")
-    return load_module(build_without_init(factory), read_tensors(checkpoint, prefix), prefix, dtype, device)
-
-
 def audio_sub_configs(checkpoint) -> tuple:
     """(audio_config, text_config) of a composite checkpoint; a clear error when it has no audio tower."""
-    config = checkpoint.config
-    audio_config = getattr(config, "audio_config", None)
-    text_config = getattr(config, "text_config", None)
-    if audio_config is None or text_config is None:
-        raise CheckpointError(f"{checkpoint.source}: this checkpoint has no audio tower (no audio_config); "
-                              f"model type {getattr(config, 'model_type', '?')}")
-    return audio_config, text_config
+    return tower_configs(checkpoint, "audio")

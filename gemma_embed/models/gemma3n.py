@@ -26,8 +26,9 @@ import math
 import torch
 
 from gemma_embed.memory import gemma3n_audio_item_cost
-from gemma_embed.models.audio import audio_sub_configs, load_part, pad_batch, strip_rows
+from gemma_embed.models.audio import audio_sub_configs, pad_batch, strip_rows
 from gemma_embed.models.base import Unit
+from gemma_embed.models.loading import load_part
 
 AUDIO_PREFIXES = {
     "audio_tower": ("model.audio_tower.",),

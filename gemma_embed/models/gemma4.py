@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from gemma_embed.errors import CheckpointError
 from gemma_embed.memory import vision_item_cost
 from gemma_embed.models.base import PreparedItem, Unit
-from gemma_embed.models.loading import Checkpoint, build_without_init, find_prefix, load_module, read_tensors
+from gemma_embed.models.loading import Checkpoint, load_part, load_processor, tower_configs
 
 # Where each family stores its vision tower; EmbeddingGemma 2 has no "model." prefix.
 VISION_PREFIXES = {
     "vision_tower": ("model.vision_tower.", "vision_tower."),
     "embed_vision": ("model.embed_vision.", "embed_vision."),
 }
-
-
-def _sub_config(config, name: str):
-    sub = getattr(config, name, None)
-    return sub
 
 
 class Gemma4VisionTower:
@@ -29,30 +23,16 @@ class Gemma4VisionTower:
     def __init__(self, checkpoint: Checkpoint, device, dtype):
         from transformers.models.gemma4.modeling_gemma4 import Gemma4MultimodalEmbedder, Gemma4VisionModel
 
-        config = checkpoint.config
-        vision_config = _sub_config(config, "vision_config")
-        text_config = _sub_config(config, "text_config")
-        if vision_config is None:
-            raise CheckpointError(f"{checkpoint.source}: this checkpoint has no vision tower (no vision_config); "
-                                  f"model type {getattr(config, 'model_type', '?')}")
-        prefixes = {name: find_prefix(checkpoint, cands) for name, cands in VISION_PREFIXES.items()}
-        for name, prefix in prefixes.items():
-            if prefix is None:
-                raise CheckpointError(f"{checkpoint.source}: no {name} tensors in the checkpoint "
-                                      f"(looked for {' or '.join(VISION_PREFIXES[name])})")
+        vision_config, text_config = tower_configs(checkpoint, "vision")
         # SDPA without a mask: buckets hold no padding, so the kernel never needs the N x N mask.
         vision_config._attn_implementation = "sdpa"
         self.config = vision_config
         self.device = torch.device(device)
         self.dtype = dtype
-        self.tower = load_module(
-            build_without_init(lambda: Gemma4VisionModel(vision_config)),
-            read_tensors(checkpoint, prefixes["vision_tower"]), prefixes["vision_tower"], dtype, device,
-        )
-        self.embed = load_module(
-            build_without_init(lambda: Gemma4MultimodalEmbedder(vision_config, text_config)),
-            read_tensors(checkpoint, prefixes["embed_vision"]), prefixes["embed_vision"], dtype, device,
-        )
+        self.tower = load_part(checkpoint, "vision_tower", VISION_PREFIXES["vision_tower"],
+                               lambda: Gemma4VisionModel(vision_config), dtype, device)
+        self.embed = load_part(checkpoint, "embed_vision", VISION_PREFIXES["embed_vision"],
+                               lambda: Gemma4MultimodalEmbedder(vision_config, text_config), dtype, device)
         self.pool_area = vision_config.pooling_kernel_size ** 2
         self.output_dims = {"tower": vision_config.hidden_size, "language": text_config.hidden_size}
 
@@ -91,21 +71,27 @@ def trim_vision_inputs(pixel_values: torch.Tensor, position_ids: torch.Tensor, p
     return units
 
 
-class Gemma4ImagePreparer:
-    """transformers' image processor from the checkpoint, applied to one image at a time."""
+class _VisionPreparer:
+    """What the image and video preparers share: the checkpoint's processor, its soft-token budget (unless
+    --max-soft-tokens overrides it) and the patch geometry."""
+
+    auto_class = ""
+    what = ""
+    default_budget = 280
 
     def __init__(self, checkpoint: Checkpoint, max_soft_tokens: int | None = None):
-        from transformers import AutoImageProcessor
-
-        try:
-            self.processor = AutoImageProcessor.from_pretrained(str(checkpoint.folder))
-        except (OSError, ValueError, KeyError) as exc:
-            raise CheckpointError(f"{checkpoint.source}: cannot load its image processor: "
-                                  f"{' '.join(str(exc).split())}") from exc
-        self.max_soft_tokens = int(max_soft_tokens or getattr(self.processor, "max_soft_tokens", 280))
+        self.processor = load_processor(checkpoint, self.auto_class, self.what)
+        self.max_soft_tokens = int(max_soft_tokens or getattr(self.processor, "max_soft_tokens",
+                                                              self.default_budget))
         vision_config = getattr(checkpoint.config, "vision_config", None)
         self.pool_area = (vision_config.pooling_kernel_size if vision_config else 3) ** 2
         self.patch_size = getattr(self.processor, "patch_size", 16)
+
+
+class Gemma4ImagePreparer(_VisionPreparer):
+    """transformers' image processor from the checkpoint, applied to one image at a time."""
+
+    auto_class, what, default_budget = "AutoImageProcessor", "image processor", 280
 
     def describe(self) -> dict:
         return {"processor": type(self.processor).__name__, "max_soft_tokens": self.max_soft_tokens}
@@ -130,7 +116,7 @@ def resized_size(unit: Unit, patch_size: int) -> dict:
             "resized_height": (int(positions[:, 1].max()) + 1) * patch_size}
 
 
-class Gemma4VideoPreparer:
+class Gemma4VideoPreparer(_VisionPreparer):
     """transformers' video processor from the checkpoint, on one video's decoded frames at a time.
 
     Frames arrive already sampled (media/video.py follows the processor's own policy), so the processor runs
@@ -138,18 +124,10 @@ class Gemma4VideoPreparer:
     unit: to the vision tower a frame is an image, so frames of every video share its buckets.
     """
 
-    def __init__(self, checkpoint: Checkpoint, max_soft_tokens: int | None = None):
-        from transformers import AutoVideoProcessor
+    auto_class, what, default_budget = "AutoVideoProcessor", "video processor", 70
 
-        try:
-            self.processor = AutoVideoProcessor.from_pretrained(str(checkpoint.folder))
-        except (OSError, ValueError, KeyError, ImportError) as exc:
-            raise CheckpointError(f"{checkpoint.source}: cannot load its video processor: "
-                                  f"{' '.join(str(exc).split())}") from exc
-        self.max_soft_tokens = int(max_soft_tokens or getattr(self.processor, "max_soft_tokens", 70))
-        vision_config = getattr(checkpoint.config, "vision_config", None)
-        self.pool_area = (vision_config.pooling_kernel_size if vision_config else 3) ** 2
-        self.patch_size = getattr(self.processor, "patch_size", 16)
+    def __init__(self, checkpoint: Checkpoint, max_soft_tokens: int | None = None):
+        super().__init__(checkpoint, max_soft_tokens)
         self.num_frames = getattr(self.processor, "num_frames", None)  # the processor's sampling policy
         self.fps = getattr(self.processor, "fps", None)
 

@@ -172,3 +172,33 @@ def build_without_init(factory):
 
     with no_init_weights():
         return factory()
+
+
+def tower_configs(checkpoint: Checkpoint, tower: str) -> tuple:
+    """(`{tower}_config`, text_config) of a composite checkpoint; a clear error when it has no such tower."""
+    config = checkpoint.config
+    tower_config = getattr(config, f"{tower}_config", None)
+    text_config = getattr(config, "text_config", None)
+    if tower_config is None or text_config is None:
+        raise CheckpointError(f"{checkpoint.source}: this checkpoint has no {tower} tower (no {tower}_config); "
+                              f"model type {getattr(config, 'model_type', '?')}")
+    return tower_config, text_config
+
+
+def load_part(checkpoint: Checkpoint, name: str, prefixes: tuple[str, ...], factory, dtype, device):
+    """Build one module without init and fill it strictly from the tensors under the first prefix present."""
+    prefix = find_prefix(checkpoint, prefixes)
+    if prefix is None:
+        raise CheckpointError(f"{checkpoint.source}: no {name} tensors in the checkpoint "
+                              f"(looked for {' or '.join(prefixes)})")
+    return load_module(build_without_init(factory), read_tensors(checkpoint, prefix), prefix, dtype, device)
+
+
+def load_processor(checkpoint: Checkpoint, auto_class: str, what: str):
+    """transformers' own processor of the checkpoint (`AutoImageProcessor`, ...), from its processor files."""
+    import transformers
+
+    try:
+        return getattr(transformers, auto_class).from_pretrained(str(checkpoint.folder))
+    except (OSError, ValueError, KeyError, ImportError) as exc:
+        raise CheckpointError(f"{checkpoint.source}: cannot load its {what}: {' '.join(str(exc).split())}") from exc
