@@ -49,53 +49,80 @@ def png_bomb(path: Path, width: int = 30000, height: int = 30000) -> Path:
     return path
 
 
-def test_bad_image_matrix(tmp_path):
+SAMPLES = ROOT / "samples" / "media"
+# Per modality: two good sample files, and one whose halves make a truncated file the decoder must refuse
+# (a WAV cut short still decodes, libsndfile reads what is there, so audio truncates a FLAC).
+MATRIX = {
+    "images": (["images/landscape.jpg", "images/portrait.png"], "images/landscape.jpg", ".jpg"),
+    "video": (["video/clip-h264.mp4", "video/short-vp9.webm"], "video/clip-h264.mp4", ".mp4"),
+    "audio": (["audio/chirp-16k.wav", "audio/stereo-44k.flac"], "audio/stereo-44k.flac", ".flac"),
+}
+
+
+def _modality_specific_bad_files(modality: str, folder: Path) -> dict[str, Path]:
+    if modality == "images":
+        return {"bomb": png_bomb(folder / "bomb.png")}
+    if modality == "video":
+        from make_video_samples import write_audio_only
+
+        return {"no video stream": write_audio_only(folder / "sound-only.mp4")}
+    import numpy as np
+    import soundfile
+
+    silent = folder / "zero-samples.wav"
+    soundfile.write(silent, np.zeros(0, dtype=np.float32), 16000)
+    return {"zero samples": silent}
+
+
+@pytest.mark.parametrize("modality", list(MATRIX))
+def test_bad_input_matrix(tmp_path, modality):
+    goods, to_truncate, ext = MATRIX[modality]
     folder = tmp_path / "in"
     folder.mkdir()
-    good = [write_image(folder / "good-1.png", 64, 48, 1), write_image(folder / "good-2.jpg", 300, 120, 2)]
-    jpeg = (folder / "good-2.jpg").read_bytes()
-    bad: dict[str, Path] = {}
-    bad["empty"] = folder / "empty.jpg"
+    good = [Path(shutil.copy(SAMPLES / name, folder / Path(name).name)) for name in goods]
+    good_weird = Path(os.fsdecode(os.fsencode(str(folder)) + b"/na\xefve" + os.fsencode(good[0].suffix)))
+    shutil.copy(good[0], good_weird)  # a non-UTF-8 name on a good file: written, key intact
+    good.append(good_weird)
+    data = (SAMPLES / to_truncate).read_bytes()
+    bad: dict[str, Path] = {
+        "empty": folder / f"empty{ext}",
+        "truncated": folder / f"truncated{ext}",
+        "random bytes": folder / f"noise{ext}",
+        "text": folder / f"notes{ext}",
+        "dangling link": folder / f"dangling{ext}",
+        "unreadable": folder / f"locked{ext}",
+        "folder": folder / f"album{ext}",
+        "missing": folder / f"missing{ext}",
+        "fifo": folder / f"pipe{ext}",
+        "non-utf8 name": Path(os.fsdecode(os.fsencode(str(folder)) + b"/caf\xe9-broken" + os.fsencode(ext))),
+    }
     bad["empty"].write_bytes(b"")
-    bad["truncated"] = folder / "truncated.jpg"
-    bad["truncated"].write_bytes(jpeg[: len(jpeg) // 2])
-    bad["random bytes"] = folder / "noise.png"
+    bad["truncated"].write_bytes(data[: len(data) // 2])
     bad["random bytes"].write_bytes(os.urandom(4096))
-    bad["text"] = folder / "notes.jpg"
-    bad["text"].write_text("not an image\n")
-    bad["dangling link"] = folder / "dangling.jpg"
-    os.symlink(folder / "gone.jpg", bad["dangling link"])
-    bad["unreadable"] = write_image(folder / "locked.png", 32, 32, 3)
+    bad["text"].write_text("not media\n")
+    os.symlink(folder / f"gone{ext}", bad["dangling link"])
+    shutil.copy(good[0], bad["unreadable"])
     bad["unreadable"].chmod(0)
-    bad["folder"] = folder / "album.jpg"
     bad["folder"].mkdir()
-    bad["bomb"] = png_bomb(folder / "bomb.png")
-    bad["missing"] = folder / "missing.jpg"
-    bad["fifo"] = folder / "pipe.jpg"
     os.mkfifo(bad["fifo"])
-    weird = os.fsdecode(os.fsencode(str(folder)) + b"/caf\xe9-broken.jpg")
-    Path(weird).write_bytes(b"\xff\xd8\xff garbage")
-    bad["non-utf8 name"] = Path(weird)
-    good_weird = os.fsdecode(os.fsencode(str(folder)) + b"/na\xefve.png")
-    write_image(Path(good_weird), 40, 40, 4)
-    good.append(Path(good_weird))
+    bad["non-utf8 name"].write_bytes(b"\x00\x01 garbage" * 10)
+    bad.update(_modality_specific_bad_files(modality, folder))
 
     listing = b"".join(os.fsencode(str(p)) + b"\0" for p in [good[0], *bad.values(), good[1], good[2]])
     out = tmp_path / "out.safetensors"
     started = time.monotonic()
-    proc = gemma_embed_cmd("images", "-", "-0", "--model", MODEL, "-o", out, "--jsonl", stdin=listing,
+    proc = gemma_embed_cmd(modality, "-", "-0", "--model", MODEL, "-o", out, "--jsonl", stdin=listing,
                            prefix=without_root_privilege(), timeout=240)
     assert time.monotonic() - started < 240
     stderr = proc.stderr.decode("utf-8", "replace")
     assert proc.returncode == 1, stderr
     assert "Traceback" not in stderr
     errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == len(bad), errors
-    shown = "\n".join(errors)
+    assert len(errors) == len(bad), "\n".join(errors)
     for kind, path in bad.items():
-        name = path.name if kind != "non-utf8 name" else "caf\\xe9-broken.jpg"
-        assert sum(name in line for line in errors) == 1, (kind, shown)
-    assert "decompression-bomb" in shown and "permission denied" in shown.lower()
+        name = path.name if kind != "non-utf8 name" else f"caf\\xe9-broken{ext}"
+        assert sum(name in line for line in errors) == 1, (kind, errors)
+    assert any("permission denied" in line.lower() for line in errors)
     written = gemma_embed.load(out)
     assert list(written) == [str(p) for p in good]
     records = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]

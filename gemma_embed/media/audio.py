@@ -88,7 +88,7 @@ def _soundfile_info(path: str):
     import soundfile as sf
 
     try:
-        return sf.info(path)
+        return sf.info(os.fsencode(path))  # bytes: file names that are not UTF-8 open too
     except (sf.LibsndfileError, RuntimeError, TypeError):
         return None
 
@@ -96,7 +96,7 @@ def _soundfile_info(path: str):
 def _soundfile_blocks(path: str) -> Iterator[np.ndarray]:
     import soundfile as sf
 
-    with sf.SoundFile(path) as fh:
+    with sf.SoundFile(os.fsencode(path)) as fh:
         while True:
             block = fh.read(BLOCK_FRAMES, dtype="float32", always_2d=True)
             if block.shape[0] == 0:
