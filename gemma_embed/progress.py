@@ -97,7 +97,7 @@ class Reporter:
 
     # ------------------------------------------------------------------------------------------- events
     def chunk_planned(self, plan, count: int) -> None:
-        self._status = f"bucket {plan.length} x{count}, chunk {plan.chunk}"
+        self._status = f"bucket {plan.length} x{count}, chunk cap {plan.chunk}"
         self._advance()
 
     def note(self, message: str) -> None:
