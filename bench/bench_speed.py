@@ -22,8 +22,7 @@ from pathlib import Path
 
 import torch
 
-from bench.bench_images import make_images
-from bench.common import run_child
+from bench.bench_images import compare, make_images
 
 
 def matmul_rate(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
@@ -36,11 +35,18 @@ def matmul_rate(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
 
 
 def tower_flops(tower, unit) -> int:
+    """FLOPs of one unit through tower + projection: torch's counter for the matmuls, plus attention, which the
+    counter does not see inside the CPU's fused SDPA kernel (QK^T and AV: 4 * N^2 * heads * head_dim a layer)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter, torch.inference_mode():
         tower.encode([unit], "language")
-    return counter.get_total_flops()
+    counted = counter.get_flop_counts()["Global"]
+    cfg = tower.config
+    attention = 0
+    if not any("attention" in str(op) for op in counted):
+        attention = cfg.num_hidden_layers * 4 * unit.length**2 * cfg.num_attention_heads * cfg.head_dim
+    return counter.get_total_flops() + attention
 
 
 def timed(fn, repeats: int = 3) -> float:
@@ -107,6 +113,9 @@ def main() -> None:
     parser.add_argument("--budgets", default="70,280,1120")
     parser.add_argument("--vision-hidden", type=int, default=256)
     parser.add_argument("--vision-layers", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--overlap", default="off,on", help="decode overlapping a CPU encode: off, on or both")
+    parser.add_argument("--variants", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
 
     from make_tiny_checkpoint import build_gemma4
@@ -130,21 +139,24 @@ def main() -> None:
         tower = Gemma4VisionTower(checkpoint, "cpu", torch.float32)
         print(f"\n## gemma-embed vs reference loop, {args.images} images, D={args.vision_hidden} "
               f"L={args.vision_layers}")
-        print(f"{'budget':>6} {'ref img/s':>9} {'ours img/s':>10} {'ratio':>6} {'GFLOP/img':>9} "
-              f"{'ref %limit':>10} {'ours %limit':>11}")
+        print(f"{'budget':>6} {'decode':>7} {'ref img/s':>9} {'ours img/s':>10} {'ratio':>6} {'GFLOP/img':>9} "
+              f"{'ref %limit':>10} {'ours %limit':>11}  rounds")
         for budget in [int(b) for b in args.budgets.split(",")]:
             preparer = Gemma4ImagePreparer(checkpoint, budget)
-            flops = sum(tower_flops(tower, preparer.prepare(Image.open(f).convert("RGB")).units[0])
-                        for f in sorted((tmp / "images").iterdir()))
-            ref = run_child("bench_images", "--child", "reference", str(ckpt), str(tmp / "images"), str(budget))
-            ours = run_child("bench_images", "--child", "ours", str(ckpt), str(tmp / "images"), str(budget),
-                             str(tmp / "out.safetensors"))
-            limit = limits[torch.float32]
-            print(f"{budget:>6} {ref['items'] / ref['embed_s']:>9.2f} {ours['items'] / ours['embed_s']:>10.2f} "
-                  f"{ref['embed_s'] / ours['embed_s']:>5.2f}x {flops / args.images / 1e9:>9.2f} "
-                  f"{100 * flops / ref['embed_s'] / limit:>9.1f}% {100 * flops / ours['embed_s'] / limit:>10.1f}%",
-                  flush=True)
-        variants(ckpt, tmp / "images", 280)
+            files = sorted((tmp / "images").iterdir())
+            units = [preparer.prepare(Image.open(f).convert("RGB")).units[0] for f in files]
+            per_length = {u.length: tower_flops(tower, u) for u in {u.length: u for u in units}.values()}
+            flops = sum(per_length[u.length] for u in units)  # FLOPs depend on the patch count alone
+            for overlap in args.overlap.split(","):
+                ref, ours, ratio, ratios = compare(ckpt, tmp / "images", budget, tmp / "out.safetensors",
+                                                   args.repeats, overlap)
+                limit = limits[torch.float32]
+                print(f"{budget:>6} {overlap:>7} {ref['items'] / ref['embed_s']:>9.2f} "
+                      f"{ours['items'] / ours['embed_s']:>10.2f} {ratio:>5.2f}x {flops / args.images / 1e9:>9.2f} "
+                      f"{100 * flops / ref['embed_s'] / limit:>9.1f}% {100 * flops / ours['embed_s'] / limit:>10.1f}%"
+                      f"  {', '.join(f'{x:.2f}' for x in ratios)}", flush=True)
+        if args.variants:
+            variants(ckpt, tmp / "images", 280)
 
 
 if __name__ == "__main__":

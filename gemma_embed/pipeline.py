@@ -33,6 +33,9 @@ from gemma_embed.store import EmbeddingWriter, check_output_path, write_errors
 WINDOW_ITEMS = 256
 WINDOW_BYTES = 1 << 30  # prepared tensors held per window (pixels of 1120-token images are ~31 MB each)
 RAGGED_MAX_PADDING = 0.25
+# Decode the next window while a CPU encodes this one? Off: on the CPU they compete for the same cores
+# (bench/README.md has the measurements); on an accelerator the overlap is always on.
+OVERLAP_ON_CPU = False
 
 
 # --------------------------------------------------------------------------------------- device and dtype
@@ -282,7 +285,7 @@ def _embed_all(config: RunConfig, modality: Modality, engine: Engine, writer: Em
                sources: Iterable[Source], reporter: Reporter, stop) -> None:
     window_items = max(1, min(modality.window_items or WINDOW_ITEMS, config.flush_every))
     is_done = writer.is_done if config.resume else None
-    overlap = engine.tower.device.type != "cpu"
+    overlap = engine.tower.device.type != "cpu" or OVERLAP_ON_CPU
     for window in prepared_stream(modality, sources, config.workers, window_items, is_done=is_done,
                                   overlap=overlap):
         stop.check()
