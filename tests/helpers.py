@@ -20,3 +20,16 @@ def run_images(inputs, model: Path, output: Path, stdin=None, **options) -> tupl
     code = run(config, Reporter(jsonl=True, stdout=out, stderr=err, live=False), stdin=stdin)
     records = [json.loads(line) for line in out.getvalue().splitlines() if line.strip()]
     return code, records, err.getvalue()
+
+
+def record_batches(monkeypatch, tower_cls) -> list[list]:
+    """Spy on a tower: the list of units of every device batch it runs (the batch still runs)."""
+    batches: list[list] = []
+    original = tower_cls.encode
+
+    def spy(self, units, space):
+        batches.append(list(units))
+        return original(self, units, space)
+
+    monkeypatch.setattr(tower_cls, "encode", spy)
+    return batches

@@ -9,7 +9,7 @@ import pytest
 import torch
 from audio_helpers import CLIP_SECONDS, RATE, make_clip, reference_audio_rows, rel_error, write_clips
 from conftest import ROOT
-from helpers import run_images
+from helpers import record_batches, run_images
 from typer.testing import CliRunner
 
 import gemma_embed
@@ -43,16 +43,8 @@ def clip_dir(tmp_path_factory):
 
 @pytest.fixture
 def encode_log(monkeypatch):
-    """(unit lengths) of every device batch the audio tower runs."""
-    calls: list[list[int]] = []
-    original = Gemma4AudioTower.encode
-
-    def spy(self, units, space):
-        calls.append([u.length for u in units])
-        return original(self, units, space)
-
-    monkeypatch.setattr(Gemma4AudioTower, "encode", spy)
-    return calls
+    """The units of every device batch the audio tower runs."""
+    return record_batches(monkeypatch, Gemma4AudioTower)
 
 
 # ------------------------------------------------------------------------------------------- pure parts
@@ -95,8 +87,8 @@ def test_ragged_batch_rows_match_each_clip_alone(tmp_path, monkeypatch, gemma4_d
     code, records, err = run_audio([folder], gemma4_dir, out, space=space, batch_size=len(CLIP_SECONDS))
     assert code == 0, err
 
-    frames = sorted(encode_log[0])
-    assert len(encode_log) == 1 and len(frames) == len(CLIP_SECONDS), encode_log
+    frames = sorted(u.length for u in encode_log[0])
+    assert len(encode_log) == 1 and len(frames) == len(CLIP_SECONDS), [len(b) for b in encode_log]
     assert len(set(frames)) == len(frames), "the clips must differ in frame count"
 
     result = gemma_embed.load(out)
@@ -114,7 +106,8 @@ def test_default_grouping_caps_padding(tmp_path, gemma4_dir, clip_dir, encode_lo
     code, _, err = run_audio([folder], gemma4_dir, tmp_path / "a.safetensors")
     assert code == 0, err
     for batch in encode_log:
-        assert 1 - sum(batch) / (max(batch) * len(batch)) <= pipeline.RAGGED_MAX_PADDING + 1e-9
+        lengths = [u.length for u in batch]
+        assert 1 - sum(lengths) / (max(lengths) * len(lengths)) <= pipeline.RAGGED_MAX_PADDING + 1e-9
     assert sum(len(b) for b in encode_log) == len(CLIP_SECONDS)
 
 

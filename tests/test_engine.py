@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from helpers import run_images
+from helpers import record_batches, run_images
 
 import gemma_embed
 from gemma_embed.engine import OOM_TEST_ENV
@@ -14,19 +14,12 @@ def test_oom_backoff_gives_same_outputs(tmp_path, gemma4_dir, image_dir, monkeyp
     reference_out = tmp_path / "ref.safetensors"
     assert run_images([image_dir], gemma4_dir, reference_out, max_soft_tokens=70, batch_size=1)[0] == 0
 
-    sizes = []
-    original = Gemma4VisionTower.encode
-
-    def spy(self, units, space):
-        sizes.append(len(units))
-        return original(self, units, space)
-
-    monkeypatch.setattr(Gemma4VisionTower, "encode", spy)
+    batches = record_batches(monkeypatch, Gemma4VisionTower)
     monkeypatch.setenv(OOM_TEST_ENV, "1")
     out = tmp_path / "oom.safetensors"
     code, records, err = run_images([image_dir], gemma4_dir, out, max_soft_tokens=70)
     assert code == 0
-    assert max(sizes) == 1  # every chunk that reached the tower fitted under the injected limit
+    assert max(len(b) for b in batches) == 1  # every chunk that reached the tower fitted under the injected limit
     assert records[-1]["oom_backoffs"] >= 1
     assert "out of memory at chunk" in err and "retrying with chunk" in err
     ours, ref = gemma_embed.load(out), gemma_embed.load(reference_out)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from audio_helpers import CLIP_SECONDS, RATE, make_clip, reference_audio_rows, rel_error, write_clips
-from helpers import run_images
+from helpers import record_batches, run_images
 from make_tiny_checkpoint import build_gemma3n, gemma3n_without_vision_tower
 
 import gemma_embed
@@ -118,20 +118,14 @@ def test_zero_padding_alone_leaks_into_the_last_token_and_the_cut_fixes_it(refer
 def test_ragged_batch_rows_match_each_clip_alone(tmp_path, monkeypatch, gemma3n_dir, reference):
     model, extractor = reference
     clips = write_clips(tmp_path / "clips")
-    calls: list[list[int]] = []
-    original = Gemma3nAudioTower.encode
-
-    def spy(self, units, space):
-        calls.append([u.length for u in units])
-        return original(self, units, space)
-
-    monkeypatch.setattr(Gemma3nAudioTower, "encode", spy)
+    batches = record_batches(monkeypatch, Gemma3nAudioTower)
     monkeypatch.setattr(pipeline, "RAGGED_MAX_PADDING", 1.0)
     out = tmp_path / "g3n.safetensors"
     code, _, err = run_images([tmp_path / "clips"], gemma3n_dir, out, modality="audio",
                               batch_size=len(CLIP_SECONDS))
     assert code == 0, err
-    assert len(calls) == 1 and len(set(calls[0])) == len(CLIP_SECONDS), calls
+    assert len(batches) == 1 and len({u.length for u in batches[0]}) == len(CLIP_SECONDS), \
+        [[u.length for u in b] for b in batches]
     result = gemma_embed.load(out)
     for name, samples in clips.items():
         ref = reference_audio_rows(model, extractor, samples, "gemma3n")

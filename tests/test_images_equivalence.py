@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import IMAGE_SIZES, reference_image_rows, rel_error
-from helpers import run_images
+from helpers import record_batches, run_images
 
 import gemma_embed
 from gemma_embed.models.gemma4 import Gemma4VisionTower
@@ -13,16 +13,8 @@ from gemma_embed.models.gemma4 import Gemma4VisionTower
 
 @pytest.fixture
 def batch_log(monkeypatch):
-    """Records (batch size, patch count) of every device batch the vision tower runs."""
-    calls: list[tuple[int, int]] = []
-    original = Gemma4VisionTower.encode
-
-    def spy(self, units, space):
-        calls.append((len(units), units[0].length))
-        return original(self, units, space)
-
-    monkeypatch.setattr(Gemma4VisionTower, "encode", spy)
-    return calls
+    """The units of every device batch the vision tower runs."""
+    return record_batches(monkeypatch, Gemma4VisionTower)
 
 
 @pytest.mark.parametrize("max_soft_tokens", [70, 280])
@@ -36,9 +28,9 @@ def test_rows_match_reference(tmp_path, gemma4_dir, image_dir, reference_model, 
     result = gemma_embed.load(out)
     assert sorted(result) == sorted(IMAGE_SIZES)
 
-    buckets = {length for _, length in batch_log}
+    buckets = {batch[0].length for batch in batch_log}
     assert len(buckets) >= 2, "the test images must span several buckets"
-    sizes = [n for n, _ in batch_log]
+    sizes = [len(batch) for batch in batch_log]
     if batch_size == 1:
         assert max(sizes) == 1
     else:

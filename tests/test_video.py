@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import rel_error
-from helpers import run_images
+from helpers import record_batches, run_images
 from make_video_samples import SAMPLES, make_samples, write_audio_only
 from test_cli import EXE, SAMPLE_MODEL, invoke, summary
 from transformers.video_utils import read_video_pyav
@@ -37,16 +37,8 @@ def video_processor(gemma4_dir):
 
 @pytest.fixture
 def batch_log(monkeypatch):
-    """Items (video indices) of the units in every device batch the vision tower runs."""
-    calls: list[list[int]] = []
-    original = Gemma4VisionTower.encode
-
-    def spy(self, units, space):
-        calls.append([u.item for u in units])
-        return original(self, units, space)
-
-    monkeypatch.setattr(Gemma4VisionTower, "encode", spy)
-    return calls
+    """The units of every device batch the vision tower runs (`unit.item` is the video's index)."""
+    return record_batches(monkeypatch, Gemma4VisionTower)
 
 
 _reference_cache: dict = {}
@@ -111,7 +103,8 @@ def test_frames_of_different_videos_share_device_batches(tmp_path, gemma4_dir, v
     # A fixed chunk bigger than any bucket: by default the chunk is tuned for speed, which on a CPU may split it.
     code, _, err = run_images(inputs, gemma4_dir, tmp_path / "o.safetensors", modality="video", batch_size=64)
     assert code == 0, err
-    assert any(len(set(call)) > 1 for call in batch_log), f"no batch mixed videos: {batch_log}"
+    videos_per_batch = [{u.item for u in batch} for batch in batch_log]
+    assert any(len(v) > 1 for v in videos_per_batch), f"no batch mixed videos: {videos_per_batch}"
     # One device batch per distinct frame size, not one per video or per frame.
     assert len(batch_log) == 2 and sorted(len(call) for call in batch_log) == [20, 33]
 
