@@ -123,13 +123,6 @@ def gemma3n_audio_item_cost(mel_frames: int, channels: int = 128, mel_bins: int 
     return int(max(0, int(mel_frames)) * per_frame_bytes)
 
 
-def calibrated_cost(modelled: float, measured_peak: float, chunk: int) -> float:
-    """Cost per item after a chunk ran: never below the model, raised to what the device really used."""
-    if chunk <= 0 or measured_peak <= 0:
-        return modelled
-    return max(float(modelled), float(measured_peak) / chunk)
-
-
 # ---------------------------------------------------------------------------------------------- the probe
 
 

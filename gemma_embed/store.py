@@ -174,6 +174,8 @@ class EmbeddingWriter:
         self.saved: dict[str, tuple[Path, int, dict]] = {}  # key -> (file, position, item meta); latest wins
         self.part_count = 0
         self.last_flush = time.monotonic()
+        self._cached_file: Path | None = None  # the saved file whose rows close() read last
+        self._cached_rows: tuple[torch.Tensor, list[int]] | None = None
         if resume:
             self._index_previous_work()
         elif self.parts.exists():
@@ -272,7 +274,7 @@ class EmbeddingWriter:
 
     def _saved_rows(self, file: Path, position: int) -> torch.Tensor:
         # Items come in input order, so consecutive ones mostly share a file: keep just the last file read.
-        if getattr(self, "_cached_file", None) != file:
+        if self._cached_file != file:
             self._cached_file, self._cached_rows = file, _read_rows(file)
         embeddings, offsets = self._cached_rows
         return embeddings[offsets[position]:offsets[position + 1]].to(self.dtype)

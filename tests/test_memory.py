@@ -104,12 +104,6 @@ def test_device_memory_on_cpu_is_sane():
     assert 0 < free <= total
 
 
-def test_calibrated_cost_never_below_model():
-    assert memory.calibrated_cost(100, 1000, 4) == 250
-    assert memory.calibrated_cost(100, 40, 4) == 100
-    assert memory.calibrated_cost(100, 0, 0) == 100
-
-
 # Peak transients measured with the profiler on the CPU (bench/bench_memory.py, recorded in bench/MEMORY.md):
 # (D, I, H, patches, batch, bytes per element, eager, measured MiB).
 MEASURED = [
