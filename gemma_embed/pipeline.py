@@ -239,6 +239,8 @@ def run(config: RunConfig, reporter: Reporter, stdin=None) -> int:
                              shard_size=config.shard_size)
     sources = distributed.take(iter_sources(config.inputs, config.modality, stdin, config.null_separated), part)
     reporter.start(config.modality if not part.is_split else f"{config.modality} [{part.index}/{part.count}]")
+    if reporter.live and "-" not in config.inputs:
+        _count_in_background(config, part, reporter)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with stop_on_signals() as stop:
@@ -263,6 +265,18 @@ def run(config: RunConfig, reporter: Reporter, stdin=None) -> int:
                      "chunking": engine.tuner.report() if engine.tuner else {"fixed": config.batch_size},
                      "device": str(device), "dtype": str(dtype).removeprefix("torch.")})
     return 1 if reporter.failed else 0
+
+
+def _count_in_background(config: RunConfig, part: distributed.Slice, reporter: Reporter) -> None:
+    """Give the progress bar its total (and an ETA) without delaying the first item: a second walk of the
+    inputs, in a daemon thread. Never for stdin, which can be read only once."""
+    import threading
+
+    def count() -> None:
+        total = sum(1 for _ in distributed.take(iter_sources(config.inputs, config.modality), part))
+        reporter.set_total(total)
+
+    threading.Thread(target=count, name="count-inputs", daemon=True).start()
 
 
 def _merge_slices(output, part: distributed.Slice, writer: EmbeddingWriter, reporter: Reporter):
