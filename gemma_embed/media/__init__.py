@@ -7,6 +7,10 @@ import os
 import stat
 
 _HASH_BLOCK = 1 << 20
+# Pillow's decompression-bomb limit (about 89 megapixels), for images and video frames alike.
+MAX_PIXELS = 89_478_485
+# av.open timeouts (open, read) in seconds: a stalled read (network mount) must not hang the run.
+OPEN_TIMEOUT_S = (30.0, 30.0)
 
 
 def file_facts(path: str) -> dict:

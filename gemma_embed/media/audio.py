@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gemma_embed.media import OPEN_TIMEOUT_S
+
 BLOCK_FRAMES = 1 << 16  # source frames per block read from soundfile
 SOUNDFILE_EXTENSIONS = {".wav", ".wave", ".flac", ".ogg", ".oga", ".aiff", ".aif", ".aifc", ".au", ".w64", ".caf"}
 
@@ -124,7 +126,7 @@ def _decode_with_pyav(path: str, target_rate: int) -> DecodedAudio:
     import av
 
     try:
-        container = av.open(path)
+        container = av.open(path, timeout=OPEN_TIMEOUT_S)
     except av.FFmpegError:
         raise AudioDecodeError("not a recognised audio format") from None
     with container:

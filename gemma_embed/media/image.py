@@ -6,8 +6,10 @@ import warnings
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-# Pillow's own default (about 89 megapixels). Checked on the header, before any pixel is decoded.
-MAX_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
+from gemma_embed.media import MAX_PIXELS
+
+# Pillow's own default. Checked on the header, before any pixel is decoded.
+MAX_PIXELS = Image.MAX_IMAGE_PIXELS or MAX_PIXELS
 
 
 class ImageDecodeError(ValueError):

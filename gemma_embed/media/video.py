@@ -27,12 +27,12 @@ from fractions import Fraction
 
 import numpy as np
 
+from gemma_embed.media import MAX_PIXELS, OPEN_TIMEOUT_S
+
 # Seconds one file may spend in probing + decoding before it is given up (pathological or huge files).
 DECODE_TIME_LIMIT_S = 300.0
-# av.open timeouts (open, read) in seconds: a stalled read (network mount, FIFO) must not hang the run.
-OPEN_TIMEOUT_S = (30.0, 30.0)
 # Same guard as images: no frame larger than this many pixels is decoded.
-MAX_FRAME_PIXELS = 89_478_485
+MAX_FRAME_PIXELS = MAX_PIXELS
 # The sampled frames of one video are held as uint8 RGB; refuse requests that would not fit.
 MAX_DECODED_BYTES = 4 << 30
 # Seek only when it skips at least this many frames: a seek flushes the decoder and restarts at a keyframe.
