@@ -87,13 +87,28 @@ def compare(ckpt: Path, images: Path, budget: int, out: Path, repeats: int, over
     return best(refs), best(ours), sorted(ratios)[len(ratios) // 2], ratios
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--images", type=int, default=48)
+def workload_arguments(parser: argparse.ArgumentParser, images: int) -> None:
+    """The options both image benches share: how many images, which budgets, the tower's size, rounds."""
+    parser.add_argument("--images", type=int, default=images)
     parser.add_argument("--budgets", default="70,280,1120")
     parser.add_argument("--vision-hidden", type=int, default=256)
     parser.add_argument("--vision-layers", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+
+
+def build_workload(tmp: Path, args) -> Path:
+    """A random vision checkpoint of the asked size in tmp/ckpt and the images in tmp/images."""
+    from make_tiny_checkpoint import build_gemma4
+
+    ckpt = build_gemma4(tmp / "ckpt", seed=0, audio=False, vision_hidden=args.vision_hidden,
+                        vision_layers=args.vision_layers)
+    make_images(tmp / "images", args.images)
+    return ckpt
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    workload_arguments(parser, images=48)
     parser.add_argument("--child", nargs="*")
     args = parser.parse_args()
     if args.child:
@@ -102,13 +117,9 @@ def main() -> None:
         emit(fn(rest[0], rest[1], int(rest[2]), *rest[3:]))
         return
 
-    from make_tiny_checkpoint import build_gemma4
-
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        ckpt = build_gemma4(tmp / "ckpt", seed=0, audio=False, vision_hidden=args.vision_hidden,
-                            vision_layers=args.vision_layers)
-        make_images(tmp / "images", args.images)
+        ckpt = build_workload(tmp, args)
         print(f"# {args.images} images, vision tower D={args.vision_hidden} L={args.vision_layers}, "
               f"{os.cpu_count()} CPUs, torch threads default", file=sys.stderr)
         print(f"{'budget':>6} {'side':>10} {'load s':>7} {'embed s':>8} {'img/s':>7} {'peak RSS MiB':>13}")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from bench.bench_images import compare, make_images
+from bench.bench_images import build_workload, compare, workload_arguments
 
 
 def matmul_rate(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
@@ -109,16 +109,10 @@ def variants(ckpt: Path, folder: Path, budget: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--images", type=int, default=24)
-    parser.add_argument("--budgets", default="70,280,1120")
-    parser.add_argument("--vision-hidden", type=int, default=256)
-    parser.add_argument("--vision-layers", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3)
+    workload_arguments(parser, images=24)
     parser.add_argument("--overlap", default="off,on", help="decode overlapping a CPU encode: off, on or both")
     parser.add_argument("--variants", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
-
-    from make_tiny_checkpoint import build_gemma4
 
     print(f"# {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"capability {torch.backends.cpu.get_cpu_capability()}")
@@ -127,9 +121,7 @@ def main() -> None:
         print(f"matmul 2048^3 {str(dtype)[6:]:>8}: {rate / 1e9:8.1f} GFLOP/s")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        ckpt = build_gemma4(tmp / "ckpt", seed=0, audio=False, vision_hidden=args.vision_hidden,
-                            vision_layers=args.vision_layers)
-        make_images(tmp / "images", args.images)
+        ckpt = build_workload(tmp, args)
         from PIL import Image
 
         from gemma_embed.models.gemma4 import Gemma4ImagePreparer, Gemma4VisionTower

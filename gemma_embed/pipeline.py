@@ -219,21 +219,37 @@ def _header(config: RunConfig, checkpoint, modality: Modality, device, dtype) ->
     }
 
 
+@dataclass
+class Loaded:
+    budget_spec: memory.BudgetSpec
+    device: torch.device
+    dtype: torch.dtype
+    checkpoint: object
+    modality: Modality
+
+
+def _load(config: RunConfig, local_rank: int = 0) -> Loaded:
+    """What run and plan both need before touching any input: options checked, device, checkpoint, tower."""
+    from gemma_embed.models.loading import resolve_checkpoint
+
+    budget_spec = _budget_spec(config)
+    device = resolve_device(config.device, local_rank)
+    dtype = resolve_dtype(config.dtype, device)
+    checkpoint = resolve_checkpoint(config.model, config.revision)
+    return Loaded(budget_spec, device, dtype, checkpoint, build_modality(config, checkpoint, device, dtype))
+
+
 def run(config: RunConfig, reporter: Reporter, stdin=None) -> int:
     """Embed every item (of this process's slice); returns the exit code (0 all written, 1 some failed,
     128+signal interrupted)."""
-    from gemma_embed.models.loading import resolve_checkpoint
-
     part = distributed.current_slice(config.num_shards, config.shard_index)
     output = distributed.slice_output(config.output, part)
     check_output_path(output, config.overwrite, config.resume)
     if part.is_split:
         check_output_path(config.output, config.overwrite, config.resume)
-    budget_spec = _budget_spec(config)
-    device = resolve_device(config.device, part.local_rank)
-    dtype = resolve_dtype(config.dtype, device)
-    checkpoint = resolve_checkpoint(config.model, config.revision)
-    modality = build_modality(config, checkpoint, device, dtype)
+    loaded = _load(config, part.local_rank)
+    budget_spec, device, dtype, checkpoint, modality = (loaded.budget_spec, loaded.device, loaded.dtype,
+                                                         loaded.checkpoint, loaded.modality)
     writer = EmbeddingWriter(output, _header(config, checkpoint, modality, device, dtype),
                              config.output_dtype, flush_every=config.flush_every, resume=config.resume,
                              shard_size=config.shard_size)
@@ -341,13 +357,8 @@ def _budget_spec(config: RunConfig) -> memory.BudgetSpec:
 def plan(config: RunConfig, reporter: Reporter, stdin=None) -> dict:
     """Dry run: device, memory, buckets and the chunk each would get now. Loads the tower (for its cost model)
     but encodes nothing."""
-    from gemma_embed.models.loading import resolve_checkpoint
-
-    budget_spec = _budget_spec(config)
-    device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
-    checkpoint = resolve_checkpoint(config.model, config.revision)
-    modality = build_modality(config, checkpoint, device, dtype)
+    loaded = _load(config)
+    budget_spec, device, dtype, modality = loaded.budget_spec, loaded.device, loaded.dtype, loaded.modality
     engine = Engine(modality.tower, config.space, budget_spec, config.batch_size)
     sources = list(iter_sources(config.inputs, config.modality, stdin, config.null_separated))
     lengths: list[int] = []
