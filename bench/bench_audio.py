@@ -48,16 +48,21 @@ def build_checkpoint(folder: Path, family: str, hidden: int, layers: int, seed: 
         from transformers import Gemma4AudioConfig, Gemma4ForConditionalGeneration
 
         config = tiny_gemma4_config(vision=False)
-        config.audio_config = Gemma4AudioConfig(hidden_size=hidden, num_hidden_layers=layers,
-                                                num_attention_heads=4, subsampling_conv_channels=[128, 32],
-                                                output_proj_dims=hidden)
+        config.audio_config = Gemma4AudioConfig(
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            subsampling_conv_channels=[128, 32],
+            output_proj_dims=hidden,
+        )
         model = Gemma4ForConditionalGeneration(config).eval()
     else:
         from transformers import Gemma3nAudioFeatureExtractor, Gemma3nForConditionalGeneration
 
         with gemma3n_without_vision_tower():
             model = Gemma3nForConditionalGeneration(
-                tiny_gemma3n_config(audio_hidden=hidden, audio_layers=layers, sscp_channels=(128, 32))).eval()
+                tiny_gemma3n_config(audio_hidden=hidden, audio_layers=layers, sscp_channels=(128, 32))
+            ).eval()
     randomize(model, seed)
     model.save_pretrained(folder)
     if family == "gemma4":
@@ -119,8 +124,16 @@ def run_tool(paths: list[Path], model: Path, output: Path, batch_size: int | Non
     from gemma_embed.pipeline import run
     from gemma_embed.progress import Reporter
 
-    config = RunConfig(modality="audio", inputs=tuple(str(p) for p in paths), output=output, model=str(model),
-                       device="cpu", overwrite=True, batch_size=batch_size, workers=workers)
+    config = RunConfig(
+        modality="audio",
+        inputs=tuple(str(p) for p in paths),
+        output=output,
+        model=str(model),
+        device="cpu",
+        overwrite=True,
+        batch_size=batch_size,
+        workers=workers,
+    )
     return run(config, Reporter(quiet=True, stdout=io.StringIO(), stderr=io.StringIO(), live=False))
 
 
@@ -152,8 +165,7 @@ def profiled_peak(fn) -> int:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                    if e.name() == "[memory]")
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     running = peak = 0
     for _, nbytes in events:
         running += nbytes
@@ -202,9 +214,11 @@ def main() -> None:
         paths = write_clips(tmp, args.clips, args.shortest, args.longest, args.seed)
         total_s = sum(p.stat().st_size for p in paths) / 4 / RATE
         model, extractor = reference_model(folder, args.family)
-        print(f"{args.family} audio tower hidden {args.hidden}, {args.layers} layers; {len(paths)} clips of "
-              f"{args.shortest:g}-{args.longest:g} s ({total_s:.0f} s of audio); torch {torch.__version__}, "
-              f"{torch.get_num_threads()} threads, cpu float32")
+        print(
+            f"{args.family} audio tower hidden {args.hidden}, {args.layers} layers; {len(paths)} clips of "
+            f"{args.shortest:g}-{args.longest:g} s ({total_s:.0f} s of audio); torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads, cpu float32"
+        )
         reference_rows(model, extractor, paths[0], args.family)  # warm-up
         run_tool(paths[:2], folder, tmp / "warm.safetensors", args.batch_size, args.workers)
 
@@ -227,13 +241,17 @@ def main() -> None:
         mib = 2**20
         print(f"{'':24}{'clips/s':>10}{'audio s/s':>11}{'peak RSS':>12}{'RSS rise':>11}")
         for name, seconds, mem in [("reference (per clip)", ref_s, ref_mem), ("gemma-embed", tool_s, tool_mem)]:
-            print(f"{name:24}{len(paths) / seconds:10.2f}{total_s / seconds:11.1f}"
-                  f"{mem.peak / mib:9.0f} MiB{(mem.peak - mem.start) / mib:7.0f} MiB")
+            print(
+                f"{name:24}{len(paths) / seconds:10.2f}{total_s / seconds:11.1f}"
+                f"{mem.peak / mib:9.0f} MiB{(mem.peak - mem.start) / mib:7.0f} MiB"
+            )
         print(f"ratio gemma-embed / reference: {ref_s / tool_s:.2f}x clips/s; max relative error {worst:.2e}")
         for seconds, batch in [(30.0, 1), (30.0, 2)]:
             peak, modelled = cost_model_check(folder, args.family, seconds, batch)
-            print(f"tower forward, {batch} x {seconds:g} s: profiled peak {peak / mib:.1f} MiB, "
-                  f"cost model {modelled / mib:.1f} MiB ({modelled / max(peak, 1):.2f}x)")
+            print(
+                f"tower forward, {batch} x {seconds:g} s: profiled peak {peak / mib:.1f} MiB, "
+                f"cost model {modelled / mib:.1f} MiB ({modelled / max(peak, 1):.2f}x)"
+            )
 
 
 if __name__ == "__main__":

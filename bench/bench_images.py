@@ -18,8 +18,20 @@ from pathlib import Path
 
 from bench.common import Timer, emit, peak_rss, run_child
 
-ASPECTS = [(640, 480), (480, 640), (1920, 1080), (1080, 1920), (512, 512), (4000, 300), (300, 1200),
-           (1280, 960), (800, 600), (1024, 768), (720, 1280), (1, 1)]
+ASPECTS = [
+    (640, 480),
+    (480, 640),
+    (1920, 1080),
+    (1080, 1920),
+    (512, 512),
+    (4000, 300),
+    (300, 1200),
+    (1280, 960),
+    (800, 600),
+    (1024, 768),
+    (720, 1280),
+    (1, 1),
+]
 
 
 def make_images(folder: Path, count: int) -> None:
@@ -46,8 +58,9 @@ def child_reference(ckpt: str, folder: str, budget: int) -> dict:
             with Image.open(file) as img:
                 image = ImageOps.exif_transpose(img).convert("RGB")
             inputs = processor([image], return_tensors="pt", max_soft_tokens=budget)
-            model.get_image_features(pixel_values=inputs["pixel_values"],
-                                     image_position_ids=inputs["image_position_ids"])
+            model.get_image_features(
+                pixel_values=inputs["pixel_values"], image_position_ids=inputs["image_position_ids"]
+            )
     return {"load_s": load.seconds, "embed_s": embed.seconds, "items": len(files), "peak_rss": peak_rss()}
 
 
@@ -61,16 +74,28 @@ def child_ours(ckpt: str, folder: str, budget: int, out: str, overlap: str = "of
 
     pipeline.OVERLAP_ON_CPU = overlap == "on"
 
-    config = RunConfig(modality="images", inputs=(folder,), output=Path(out), model=ckpt, device="cpu",
-                       overwrite=True, max_soft_tokens=budget)
+    config = RunConfig(
+        modality="images",
+        inputs=(folder,),
+        output=Path(out),
+        model=ckpt,
+        device="cpu",
+        overwrite=True,
+        max_soft_tokens=budget,
+    )
     stdout = io.StringIO()
     with Timer() as total:
         code = run(config, Reporter(quiet=True, stdout=stdout))
     summary = json.loads(stdout.getvalue().splitlines()[-1])
     assert code == 0, summary
     # The summary's seconds cover sources..write; the rest of `total` is checkpoint loading.
-    return {"load_s": total.seconds - summary["seconds"], "embed_s": summary["seconds"], "items": summary["ok"],
-            "peak_rss": peak_rss(), "chunking": summary.get("chunking")}
+    return {
+        "load_s": total.seconds - summary["seconds"],
+        "embed_s": summary["seconds"],
+        "items": summary["ok"],
+        "peak_rss": peak_rss(),
+        "chunking": summary.get("chunking"),
+    }
 
 
 def compare(ckpt: Path, images: Path, budget: int, out: Path, repeats: int, overlap: str = "off") -> tuple:
@@ -100,8 +125,9 @@ def build_workload(tmp: Path, args) -> Path:
     """A random vision checkpoint of the asked size in tmp/ckpt and the images in tmp/images."""
     from make_tiny_checkpoint import build_gemma4
 
-    ckpt = build_gemma4(tmp / "ckpt", seed=0, audio=False, vision_hidden=args.vision_hidden,
-                        vision_layers=args.vision_layers)
+    ckpt = build_gemma4(
+        tmp / "ckpt", seed=0, audio=False, vision_hidden=args.vision_hidden, vision_layers=args.vision_layers
+    )
     make_images(tmp / "images", args.images)
     return ckpt
 
@@ -120,16 +146,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         ckpt = build_workload(tmp, args)
-        print(f"# {args.images} images, vision tower D={args.vision_hidden} L={args.vision_layers}, "
-              f"{os.cpu_count()} CPUs, torch threads default", file=sys.stderr)
+        print(
+            f"# {args.images} images, vision tower D={args.vision_hidden} L={args.vision_layers}, "
+            f"{os.cpu_count()} CPUs, torch threads default",
+            file=sys.stderr,
+        )
         print(f"{'budget':>6} {'side':>10} {'load s':>7} {'embed s':>8} {'img/s':>7} {'peak RSS MiB':>13}")
         for budget in [int(b) for b in args.budgets.split(",")]:
             ref, ours, ratio, ratios = compare(ckpt, tmp / "images", budget, tmp / "out.safetensors", args.repeats)
             for side, r in (("reference", ref), ("gemma-embed", ours)):
-                print(f"{budget:>6} {side:>10} {r['load_s']:>7.2f} {r['embed_s']:>8.2f} "
-                      f"{r['items'] / r['embed_s']:>7.2f} {r['peak_rss'] / 2**20:>13.0f}")
-            print(f"{budget:>6} {'ratio':>10} {'':>7} {ratio:>7.2f}x faster (median of {len(ratios)} alternated "
-                  f"rounds: {', '.join(f'{x:.2f}' for x in ratios)}; chunking {ours['chunking']})", flush=True)
+                print(
+                    f"{budget:>6} {side:>10} {r['load_s']:>7.2f} {r['embed_s']:>8.2f} "
+                    f"{r['items'] / r['embed_s']:>7.2f} {r['peak_rss'] / 2**20:>13.0f}"
+                )
+            print(
+                f"{budget:>6} {'ratio':>10} {'':>7} {ratio:>7.2f}x faster (median of {len(ratios)} alternated "
+                f"rounds: {', '.join(f'{x:.2f}' for x in ratios)}; chunking {ours['chunking']})",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,9 @@ def vision_inputs(batch: int, patches: int, dtype):
 def peak_transient(fn) -> int:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
     running = peak = 0
     for event in events:
         running += event.nbytes()
@@ -41,17 +42,29 @@ def measure(hidden, intermediate, heads, patches, batch, dtype, attn="sdpa") -> 
     from transformers import Gemma4VisionConfig
     from transformers.models.gemma4.modeling_gemma4 import Gemma4VisionModel
 
-    config = Gemma4VisionConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=2,
-                                num_attention_heads=heads, num_key_value_heads=heads, head_dim=hidden // heads,
-                                position_embedding_size=1024)
+    config = Gemma4VisionConfig(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=hidden // heads,
+        position_embedding_size=1024,
+    )
     config._attn_implementation = attn
     model = Gemma4VisionModel(config).eval().to(dtype)
     pixels, positions = vision_inputs(batch, patches, dtype)
     with torch.inference_mode():
         model(pixel_values=pixels, pixel_position_ids=positions)  # warm-up
         measured = peak_transient(lambda: model(pixel_values=pixels, pixel_position_ids=positions))
-    modelled = batch * vision_item_cost(patches, hidden, intermediate, heads, torch.empty((), dtype=dtype)
-                                        .element_size(), materialises_scores=attn == "eager")
+    modelled = batch * vision_item_cost(
+        patches,
+        hidden,
+        intermediate,
+        heads,
+        torch.empty((), dtype=dtype).element_size(),
+        materialises_scores=attn == "eager",
+    )
     return measured, modelled
 
 
@@ -74,8 +87,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for hidden, inter, heads, patches, batch, dtype, attn in cases:
         measured, modelled = measure(hidden, inter, heads, patches, batch, dtype, attn)
-        print(f"| {hidden} | {inter} | {heads} | {patches} | {batch} | {str(dtype)[6:]} | {attn} | "
-              f"{measured / 2**20:.1f} | {modelled / 2**20:.1f} | {modelled / measured:.2f} |", flush=True)
+        print(
+            f"| {hidden} | {inter} | {heads} | {patches} | {batch} | {str(dtype)[6:]} | {attn} | "
+            f"{measured / 2**20:.1f} | {modelled / 2**20:.1f} | {modelled / measured:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

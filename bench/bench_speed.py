@@ -76,11 +76,19 @@ def variants(ckpt: Path, folder: Path, budget: int) -> None:
         reference = torch.cat(fp32.encode(bucket, "language"))
     base = None
     rows = []
-    for label, tower, chunk in [("float32 chunk 1", fp32, 1), ("float32 chunk 2", fp32, 2),
-                                ("float32 chunk 4", fp32, 4), ("float32 chunk 8", fp32, 8)]:
+    for label, tower, chunk in [
+        ("float32 chunk 1", fp32, 1),
+        ("float32 chunk 2", fp32, 2),
+        ("float32 chunk 4", fp32, 4),
+        ("float32 chunk 8", fp32, 8),
+    ]:
+
         def run(tower=tower, chunk=chunk):
             with torch.inference_mode():
-                return [r for i in range(0, len(bucket), chunk) for r in tower.encode(bucket[i:i + chunk], "language")]
+                return [
+                    r for i in range(0, len(bucket), chunk) for r in tower.encode(bucket[i : i + chunk], "language")
+                ]
+
         seconds = timed(run)
         base = base or seconds
         rows.append((label, seconds))
@@ -88,8 +96,7 @@ def variants(ckpt: Path, folder: Path, budget: int) -> None:
     with torch.inference_mode():
         out = torch.cat(bf16.encode(bucket, "language")).float()
     error = float((out - reference).norm() / reference.norm())
-    rows.append((f"bfloat16 chunk {len(bucket)} (rel err {error:.1e})",
-                 timed(lambda: bf16.encode(bucket, "language"))))
+    rows.append((f"bfloat16 chunk {len(bucket)} (rel err {error:.1e})", timed(lambda: bf16.encode(bucket, "language"))))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     rows.append(("float32 chunk 1, 1 intra-op thread", timed(lambda: [fp32.encode([u], "language") for u in bucket])))
@@ -100,8 +107,12 @@ def variants(ckpt: Path, folder: Path, budget: int) -> None:
     with torch.inference_mode():
         compiled.encode(bucket[:1], "language")
     compile_s = time.perf_counter() - start
-    rows.append((f"torch.compile chunk 1 (compile {compile_s:.1f} s)",
-                 timed(lambda: [compiled.encode([u], "language") for u in bucket])))
+    rows.append(
+        (
+            f"torch.compile chunk 1 (compile {compile_s:.1f} s)",
+            timed(lambda: [compiled.encode([u], "language") for u in bucket]),
+        )
+    )
     print(f"{'variant':<48} {'s per bucket':>12} {'img/s':>8} {'vs chunk 1':>10}")
     for label, seconds in rows:
         print(f"{label:<48} {seconds:>12.3f} {len(bucket) / seconds:>8.2f} {base / seconds:>9.2f}x")
@@ -114,8 +125,10 @@ def main() -> None:
     parser.add_argument("--variants", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
 
-    print(f"# {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"capability {torch.backends.cpu.get_cpu_capability()}")
+    print(
+        f"# {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"capability {torch.backends.cpu.get_cpu_capability()}"
+    )
     limits = {dtype: matmul_rate(dtype) for dtype in (torch.float32, torch.bfloat16)}
     for dtype, rate in limits.items():
         print(f"matmul 2048^3 {str(dtype)[6:]:>8}: {rate / 1e9:8.1f} GFLOP/s")
@@ -129,10 +142,13 @@ def main() -> None:
 
         checkpoint = resolve_checkpoint(str(ckpt))
         tower = Gemma4VisionTower(checkpoint, "cpu", torch.float32)
-        print(f"\n## gemma-embed vs reference loop, {args.images} images, D={args.vision_hidden} "
-              f"L={args.vision_layers}")
-        print(f"{'budget':>6} {'decode':>7} {'ref img/s':>9} {'ours img/s':>10} {'ratio':>6} {'GFLOP/img':>9} "
-              f"{'ref %limit':>10} {'ours %limit':>11}  rounds")
+        print(
+            f"\n## gemma-embed vs reference loop, {args.images} images, D={args.vision_hidden} L={args.vision_layers}"
+        )
+        print(
+            f"{'budget':>6} {'decode':>7} {'ref img/s':>9} {'ours img/s':>10} {'ratio':>6} {'GFLOP/img':>9} "
+            f"{'ref %limit':>10} {'ours %limit':>11}  rounds"
+        )
         for budget in [int(b) for b in args.budgets.split(",")]:
             preparer = Gemma4ImagePreparer(checkpoint, budget)
             files = sorted((tmp / "images").iterdir())
@@ -140,13 +156,17 @@ def main() -> None:
             per_length = {u.length: tower_flops(tower, u) for u in {u.length: u for u in units}.values()}
             flops = sum(per_length[u.length] for u in units)  # FLOPs depend on the patch count alone
             for overlap in args.overlap.split(","):
-                ref, ours, ratio, ratios = compare(ckpt, tmp / "images", budget, tmp / "out.safetensors",
-                                                   args.repeats, overlap)
+                ref, ours, ratio, ratios = compare(
+                    ckpt, tmp / "images", budget, tmp / "out.safetensors", args.repeats, overlap
+                )
                 limit = limits[torch.float32]
-                print(f"{budget:>6} {overlap:>7} {ref['items'] / ref['embed_s']:>9.2f} "
-                      f"{ours['items'] / ours['embed_s']:>10.2f} {ratio:>5.2f}x {flops / args.images / 1e9:>9.2f} "
-                      f"{100 * flops / ref['embed_s'] / limit:>9.1f}% {100 * flops / ours['embed_s'] / limit:>10.1f}%"
-                      f"  {', '.join(f'{x:.2f}' for x in ratios)}", flush=True)
+                print(
+                    f"{budget:>6} {overlap:>7} {ref['items'] / ref['embed_s']:>9.2f} "
+                    f"{ours['items'] / ours['embed_s']:>10.2f} {ratio:>5.2f}x {flops / args.images / 1e9:>9.2f} "
+                    f"{100 * flops / ref['embed_s'] / limit:>9.1f}% {100 * flops / ours['embed_s'] / limit:>10.1f}%"
+                    f"  {', '.join(f'{x:.2f}' for x in ratios)}",
+                    flush=True,
+                )
         if args.variants:
             variants(ckpt, tmp / "images", 280)
 

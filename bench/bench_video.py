@@ -71,12 +71,23 @@ def run_tool(ckpt: Path, videos: list[Path], out: Path, device: str, batch_size:
     from gemma_embed.progress import Reporter
 
     timer = Timer()
-    wrapped = [(video_module, "decode_video", "decode"), (Gemma4VideoPreparer, "prepare", "prepare"),
-               (Gemma4VisionTower, "encode", "encode"), (pipeline, "build_modality", "setup"),
-               (loading, "resolve_checkpoint", "setup")]
+    wrapped = [
+        (video_module, "decode_video", "decode"),
+        (Gemma4VideoPreparer, "prepare", "prepare"),
+        (Gemma4VisionTower, "encode", "encode"),
+        (pipeline, "build_modality", "setup"),
+        (loading, "resolve_checkpoint", "setup"),
+    ]
     restore = [(owner, name, timer.wrap(owner, name, label)) for owner, name, label in wrapped]
-    config = RunConfig(modality="video", inputs=tuple(map(str, videos)), output=out, model=str(ckpt),
-                       device=device, overwrite=True, batch_size=batch_size)
+    config = RunConfig(
+        modality="video",
+        inputs=tuple(map(str, videos)),
+        output=out,
+        model=str(ckpt),
+        device=device,
+        overwrite=True,
+        batch_size=batch_size,
+    )
     start = time.perf_counter()
     try:
         code = pipeline.run(config, Reporter(quiet=True, stdout=io.StringIO()))
@@ -103,7 +114,8 @@ def run_reference(model, processor, videos: list[Path], indices: dict[str, list[
             out = model.model.get_video_features(
                 pixel_values_videos=inputs["pixel_values_videos"].to(model.device),
                 video_position_ids=inputs["video_position_ids"].to(model.device),
-                num_frames_per_video=inputs["num_frames_per_video"])
+                num_frames_per_video=inputs["num_frames_per_video"],
+            )
         rows[str(path)] = out.pooler_output[0].float().cpu()
         decode += mid - start
         encode += time.perf_counter() - mid
@@ -124,8 +136,10 @@ def bench_long_clip(folder: Path, frames: int) -> None:
     ref, _ = read_video_pyav(str(path), sample_indices_fn=lambda **_: np.array(video.frame_indices))
     theirs = time.perf_counter() - start
     assert np.array_equal(ref, video.frames)
-    print(f"long clip ({frames} frames 640x360, GOP 60, 32 sampled): decode {ours:.2f} s with {video.seeks} seeks "
-          f"vs {theirs:.2f} s sequential (x{theirs / ours:.1f}); frames identical")
+    print(
+        f"long clip ({frames} frames 640x360, GOP 60, 32 sampled): decode {ours:.2f} s with {video.seeks} seeks "
+        f"vs {theirs:.2f} s sequential (x{theirs / ours:.1f}); frames identical"
+    )
 
 
 def main() -> None:
@@ -145,14 +159,17 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        ckpt = build_gemma4(folder / "ckpt", seed=0, audio=False, vision_hidden=args.vision_hidden,
-                            vision_layers=args.vision_layers)
+        ckpt = build_gemma4(
+            folder / "ckpt", seed=0, audio=False, vision_hidden=args.vision_hidden, vision_layers=args.vision_layers
+        )
         videos = []
         for i in range(args.videos):
             width, height, frames = SHAPES[i % len(SHAPES)]
             videos.append(write_video(folder / f"v{i:03d}.mp4", "libx264", width, height, frames, seed=i))
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}; vision tower "
-              f"hidden {args.vision_hidden}, {args.vision_layers} layers; {len(videos)} videos")
+        print(
+            f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}; vision tower "
+            f"hidden {args.vision_hidden}, {args.vision_layers} layers; {len(videos)} videos"
+        )
 
         # Warm both paths on one video so neither pays first-call costs in the timing.
         run_tool(ckpt, videos[:1], folder / "warm.safetensors", args.device)
@@ -176,19 +193,30 @@ def main() -> None:
         frames = sum(len(v) for v in indices.values())
         worst = max(float((ours[str(p)] - ref_rows[str(p)]).norm() / ref_rows[str(p)].norm()) for p in videos)
 
-        print(f"{'':>10} {'wall s':>8} {'frames/s':>9} {'videos/s':>9} {'decode s':>9} {'prepare s':>10} "
-              f"{'encode s':>9}")
-        print(f"tool setup (checkpoint + processor load, excluded): {parts.get('setup', 0):.2f} s; "
-              f"chunk cap: {args.batch_size or 'planned'}")
-        print(f"{'tool':>10} {tool_wall:8.2f} {frames / tool_wall:9.1f} {len(videos) / tool_wall:9.2f} "
-              f"{parts.get('decode', 0):9.2f} {parts.get('prepare', 0):10.2f} {parts.get('encode', 0):9.2f}")
-        print(f"{'reference':>10} {ref_wall:8.2f} {frames / ref_wall:9.1f} {len(videos) / ref_wall:9.2f} "
-              f"{ref_decode:9.2f} {'(in encode)':>10} {ref_encode:9.2f}")
+        print(
+            f"{'':>10} {'wall s':>8} {'frames/s':>9} {'videos/s':>9} {'decode s':>9} {'prepare s':>10} {'encode s':>9}"
+        )
+        print(
+            f"tool setup (checkpoint + processor load, excluded): {parts.get('setup', 0):.2f} s; "
+            f"chunk cap: {args.batch_size or 'planned'}"
+        )
+        print(
+            f"{'tool':>10} {tool_wall:8.2f} {frames / tool_wall:9.1f} {len(videos) / tool_wall:9.2f} "
+            f"{parts.get('decode', 0):9.2f} {parts.get('prepare', 0):10.2f} {parts.get('encode', 0):9.2f}"
+        )
+        print(
+            f"{'reference':>10} {ref_wall:8.2f} {frames / ref_wall:9.1f} {len(videos) / ref_wall:9.2f} "
+            f"{ref_decode:9.2f} {'(in encode)':>10} {ref_encode:9.2f}"
+        )
         print(f"ratio tool/reference: x{ref_wall / tool_wall:.2f} frames/s ({frames} frames in {len(videos)} videos)")
-        print("tool decode/prepare/encode are summed over threads (decode and prepare run in 2 worker threads, "
-              "overlapping each other); reference encode includes its processor")
-        print(f"peak RSS: {tool_rss:.0f} MiB after the tool, {peak_rss_mib():.0f} MiB after the reference "
-              f"(process-wide, includes the full reference model)")
+        print(
+            "tool decode/prepare/encode are summed over threads (decode and prepare run in 2 worker threads, "
+            "overlapping each other); reference encode includes its processor"
+        )
+        print(
+            f"peak RSS: {tool_rss:.0f} MiB after the tool, {peak_rss_mib():.0f} MiB after the reference "
+            f"(process-wide, includes the full reference model)"
+        )
         print(f"max relative error tool vs reference: {worst:.2e}")
         if args.long_frames:
             bench_long_clip(folder, args.long_frames)

@@ -22,8 +22,9 @@ def peak_rss() -> int:
 
 def run_child(module: str, *args: str) -> dict:
     """Run `python -m bench.MODULE args` in a fresh process; it prints one JSON line last."""
-    proc = subprocess.run([sys.executable, "-m", f"bench.{module}", *args], cwd=ROOT, capture_output=True,
-                          text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", *args], cwd=ROOT, capture_output=True, text=True, check=False
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{module} {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -56,4 +56,4 @@ def ragged_groups(lengths: Sequence[int], max_padding_fraction: float = 0.25) ->
 def chunks(indices: Sequence[int], size: int) -> list[tuple[int, ...]]:
     """Consecutive slices of at most `size` (at least 1)."""
     size = max(1, int(size))
-    return [tuple(indices[i:i + size]) for i in range(0, len(indices), size)]
+    return [tuple(indices[i : i + size]) for i in range(0, len(indices), size)]

@@ -88,70 +88,171 @@ def _positive(value: float | None) -> float | None:
     return value
 
 
-PATHS = _param("paths", Annotated[list[str], typer.Argument(
-    help="Files, folders (searched recursively) or - to read a list of paths from stdin.", show_default=False)])
+PATHS = _param(
+    "paths",
+    Annotated[
+        list[str],
+        typer.Argument(
+            help="Files, folders (searched recursively) or - to read a list of paths from stdin.", show_default=False
+        ),
+    ],
+)
 MODEL_OPTIONS = [
     _param("model", Annotated[str, typer.Option(help="Hub id or local checkpoint folder.")], DEFAULT_MODEL),
     _param("revision", Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit).")], None),
     _param("device", Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")], "auto"),
-    _param("dtype", Annotated[Dtype, typer.Option(help="Compute dtype; auto is bf16 on CUDA, else float32.")],
-           Dtype.auto),
-    _param("space", Annotated[Space, typer.Option(
-        help="language: after the embed_* projection (soft tokens); tower: the encoder output.")], Space.language),
-    _param("batch_size", Annotated[str, typer.Option(
-        help="Cap on units per device batch; auto plans from free memory.", callback=_batch_size)], "auto"),
-    _param("memory_budget", Annotated[str | None, typer.Option(
-        help="Bytes (2GiB) or a fraction of free memory (0.3); default min(free/2, total/10).")], None),
+    _param(
+        "dtype", Annotated[Dtype, typer.Option(help="Compute dtype; auto is bf16 on CUDA, else float32.")], Dtype.auto
+    ),
+    _param(
+        "space",
+        Annotated[
+            Space, typer.Option(help="language: after the embed_* projection (soft tokens); tower: the encoder output.")
+        ],
+        Space.language,
+    ),
+    _param(
+        "batch_size",
+        Annotated[
+            str, typer.Option(help="Cap on units per device batch; auto plans from free memory.", callback=_batch_size)
+        ],
+        "auto",
+    ),
+    _param(
+        "memory_budget",
+        Annotated[
+            str | None,
+            typer.Option(help="Bytes (2GiB) or a fraction of free memory (0.3); default min(free/2, total/10)."),
+        ],
+        None,
+    ),
     _param("workers", Annotated[int, typer.Option(min=1, help="Decode and preprocessing threads.")], 2),
     _param("null", Annotated[bool, typer.Option("-0", "--null", help="Paths on stdin are NUL-separated.")], False),
     _param("quiet", Annotated[bool, typer.Option("-q", "--quiet", help="Nothing on stderr.")], False),
-    _param("max_soft_tokens", Annotated[int | None, typer.Option(
-        help="Soft tokens per image or video frame (70, 140, 280, 560 or 1120); default: the checkpoint "
-             "processor's (Gemma 4: 280 per image, 70 per frame).",
-        callback=_soft_tokens)], None),
+    _param(
+        "max_soft_tokens",
+        Annotated[
+            int | None,
+            typer.Option(
+                help="Soft tokens per image or video frame (70, 140, 280, 560 or 1120); default: the checkpoint "
+                "processor's (Gemma 4: 280 per image, 70 per frame).",
+                callback=_soft_tokens,
+            ),
+        ],
+        None,
+    ),
 ]
 OUTPUT_OPTIONS = [
-    _param("output", Annotated[Path, typer.Option("-o", "--output", help="Output .safetensors file.")],
-           Path("embeddings.safetensors")),
-    _param("overwrite", Annotated[bool, typer.Option(
-        help="Replace an existing output (and discard an unfinished run's parts).")], False),
-    _param("resume", Annotated[bool, typer.Option(
-        help="Finish an interrupted run (or add to an existing output): items already saved with the same "
-             "content hash are skipped.")], False),
-    _param("flush_every", Annotated[int, typer.Option(
-        min=1, help="Save finished items to part files at least every this many items (and every 60 s).")], 500),
-    _param("shard_size", Annotated[int | None, typer.Option(
-        min=1, help="Write OUT-00000.safetensors... of this many items each, plus OUT.index.json.")], None),
-    _param("num_shards", Annotated[int | None, typer.Option(
-        min=1, help="Split the input over this many processes (e.g. a SLURM array); with --shard-index.")], None),
-    _param("shard_index", Annotated[int | None, typer.Option(
-        min=0, help="This process's slice, 0 <= I < --num-shards (torchrun sets it from RANK).")], None),
+    _param(
+        "output",
+        Annotated[Path, typer.Option("-o", "--output", help="Output .safetensors file.")],
+        Path("embeddings.safetensors"),
+    ),
+    _param(
+        "overwrite",
+        Annotated[bool, typer.Option(help="Replace an existing output (and discard an unfinished run's parts).")],
+        False,
+    ),
+    _param(
+        "resume",
+        Annotated[
+            bool,
+            typer.Option(
+                help="Finish an interrupted run (or add to an existing output): items already saved with the same "
+                "content hash are skipped."
+            ),
+        ],
+        False,
+    ),
+    _param(
+        "flush_every",
+        Annotated[
+            int,
+            typer.Option(
+                min=1, help="Save finished items to part files at least every this many items (and every 60 s)."
+            ),
+        ],
+        500,
+    ),
+    _param(
+        "shard_size",
+        Annotated[
+            int | None,
+            typer.Option(min=1, help="Write OUT-00000.safetensors... of this many items each, plus OUT.index.json."),
+        ],
+        None,
+    ),
+    _param(
+        "num_shards",
+        Annotated[
+            int | None,
+            typer.Option(
+                min=1, help="Split the input over this many processes (e.g. a SLURM array); with --shard-index."
+            ),
+        ],
+        None,
+    ),
+    _param(
+        "shard_index",
+        Annotated[
+            int | None,
+            typer.Option(min=0, help="This process's slice, 0 <= I < --num-shards (torchrun sets it from RANK)."),
+        ],
+        None,
+    ),
     _param("debug", Annotated[bool, typer.Option(help="Show tracebacks of failed items.")], False),
-    _param("output_dtype", Annotated[OutputDtype, typer.Option(help="dtype of the stored rows.")],
-           OutputDtype.float32),
+    _param("output_dtype", Annotated[OutputDtype, typer.Option(help="dtype of the stored rows.")], OutputDtype.float32),
     _param("pool", Annotated[Pool, typer.Option(help="none: every row; mean: one row per item.")], Pool.none),
-    _param("on_error", Annotated[OnError, typer.Option(
-        help="skip: report a bad item and go on; stop: end the run at the first one.")], OnError.skip),
+    _param(
+        "on_error",
+        Annotated[OnError, typer.Option(help="skip: report a bad item and go on; stop: end the run at the first one.")],
+        OnError.skip,
+    ),
     _param("jsonl", Annotated[bool, typer.Option(help="One JSON record per item on stdout.")], False),
 ]
 
 
 # Video: frame sampling (the checkpoint processor's policy unless overridden) and per-frame pooling.
 VIDEO_SAMPLING_OPTIONS = [
-    _param("fps", Annotated[float | None, typer.Option(
-        callback=_positive, show_default=False,
-        help="Sample this many frames per second of video (by timestamps), at most --max-frames. "
-             "Default: the processor's policy (Gemma 4: 32 frames evenly spaced).")], None),
-    _param("max_frames", Annotated[int | None, typer.Option(
-        min=1, show_default=False,
-        help="Frames per video: the count sampled evenly, or the cap with --fps (default: the processor's, "
-             "32). Shorter clips give all their frames.")], None),
+    _param(
+        "fps",
+        Annotated[
+            float | None,
+            typer.Option(
+                callback=_positive,
+                show_default=False,
+                help="Sample this many frames per second of video (by timestamps), at most --max-frames. "
+                "Default: the processor's policy (Gemma 4: 32 frames evenly spaced).",
+            ),
+        ],
+        None,
+    ),
+    _param(
+        "max_frames",
+        Annotated[
+            int | None,
+            typer.Option(
+                min=1,
+                show_default=False,
+                help="Frames per video: the count sampled evenly, or the cap with --fps (default: the processor's, "
+                "32). Shorter clips give all their frames.",
+            ),
+        ],
+        None,
+    ),
 ]
 VIDEO_OPTIONS = [
     *VIDEO_SAMPLING_OPTIONS,
-    _param("pool", Annotated[VideoPool, typer.Option(
-        help="none: every row; mean: one row per video; frame: one row per frame (mean of its tokens).")],
-           VideoPool.none),
+    _param(
+        "pool",
+        Annotated[
+            VideoPool,
+            typer.Option(
+                help="none: every row; mean: one row per video; frame: one row per frame (mean of its tokens)."
+            ),
+        ],
+        VideoPool.none,
+    ),
 ]
 
 COMMON_NAMES = {p.name for p in [PATHS, *MODEL_OPTIONS, *OUTPUT_OPTIONS]} | {"jsonl", "quiet"}
@@ -225,18 +326,33 @@ def _command(modality: str, summary: str, extra_options: list[inspect.Parameter]
 
 
 AUDIO_OPTIONS = [
-    _param("window_s", Annotated[float, typer.Option(
-        "--window-s", min=0.1, max=30.0,
-        help="Audio: split longer clips into windows of at most this many seconds (the feature extractor "
-             "truncates at 30 s); every window is encoded and its rows concatenated.")], 30.0),
+    _param(
+        "window_s",
+        Annotated[
+            float,
+            typer.Option(
+                "--window-s",
+                min=0.1,
+                max=30.0,
+                help="Audio: split longer clips into windows of at most this many seconds (the feature extractor "
+                "truncates at 30 s); every window is encoded and its rows concatenated.",
+            ),
+        ],
+        30.0,
+    ),
 ]
 
 app.command("images")(_command("images", "Embed images: one item per image, rows = its soft tokens."))
-app.command("audio")(_command(
-    "audio", "Embed audio: one item per file (decoded to mono at the model's rate), rows = its soft tokens.",
-    AUDIO_OPTIONS))
-app.command("video")(_command(
-    "video", "Embed videos: one item per video, rows = sampled frames x soft tokens per frame.", VIDEO_OPTIONS))
+app.command("audio")(
+    _command(
+        "audio",
+        "Embed audio: one item per file (decoded to mono at the model's rate), rows = its soft tokens.",
+        AUDIO_OPTIONS,
+    )
+)
+app.command("video")(
+    _command("video", "Embed videos: one item per video, rows = sampled frames x soft tokens per frame.", VIDEO_OPTIONS)
+)
 
 
 def plan(**opts) -> None:
@@ -252,9 +368,15 @@ def plan(**opts) -> None:
         raise _fail(str(exc), 2) from None
 
 
-plan.__signature__ = inspect.Signature([
-    PATHS, _param("modality", Annotated[Modality, typer.Option(help="What the paths hold.")], Modality.images),
-    *MODEL_OPTIONS, *AUDIO_OPTIONS, *VIDEO_SAMPLING_OPTIONS])
+plan.__signature__ = inspect.Signature(
+    [
+        PATHS,
+        _param("modality", Annotated[Modality, typer.Option(help="What the paths hold.")], Modality.images),
+        *MODEL_OPTIONS,
+        *AUDIO_OPTIONS,
+        *VIDEO_SAMPLING_OPTIONS,
+    ]
+)
 app.command("plan")(plan)
 
 
@@ -281,8 +403,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main_options(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="Print the version.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
 ) -> None:
     """gemma-embed: Gemma encoder-tower embeddings for large piles of media."""
 

@@ -102,8 +102,11 @@ def merge_index(output: Path, count: int) -> Path | None:
                 located.append((positions[key], key, len(shards)))
             shards.append(file)
     located.sort()
-    index = {"format": FORMAT, "shards": [os.path.relpath(f, output.parent) for f in shards],
-             "keys": {key: shard for _, key, shard in located}}
+    index = {
+        "format": FORMAT,
+        "shards": [os.path.relpath(f, output.parent) for f in shards],
+        "keys": {key: shard for _, key, shard in located},
+    }
     path = index_path(output)
     _atomic_text(path, json.dumps(index, ensure_ascii=True))
     return path

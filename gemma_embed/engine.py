@@ -39,8 +39,15 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 class Engine:
-    def __init__(self, tower: Tower, space: str, budget_spec: memory.BudgetSpec = memory.BudgetSpec(),
-                 batch_cap: int | None = None, reporter=None, should_stop=None):
+    def __init__(
+        self,
+        tower: Tower,
+        space: str,
+        budget_spec: memory.BudgetSpec = memory.BudgetSpec(),
+        batch_cap: int | None = None,
+        reporter=None,
+        should_stop=None,
+    ):
         self.tower = tower
         self.space = space
         self.budget_spec = budget_spec
@@ -126,11 +133,11 @@ class Engine:
                 else:
                     results[batch_ix[0]] = ItemError.wrap(keys[batch_ix[0]], "encode", exc)
                     self._free_cache()
-                pending = pending[len(batch_ix):]
+                pending = pending[len(batch_ix) :]
                 continue
             for i, r in zip(batch_ix, rows, strict=True):
                 results[i] = r
-            pending = pending[len(batch_ix):]
+            pending = pending[len(batch_ix) :]
         # A back-off holds for the rest of this group only: the next group plans again from free memory.
         return results
 
@@ -140,4 +147,3 @@ class Engine:
         except Exception as exc:  # noqa: BLE001
             self._free_cache()
             return {i: ItemError.wrap(keys[i], "encode", exc)}
-

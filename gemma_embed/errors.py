@@ -26,8 +26,9 @@ class RunError(GemmaEmbedError):
 class ItemError(GemmaEmbedError):
     """One item failed at one stage. The message is one line and names the file."""
 
-    def __init__(self, key: str, stage: str, message: str, error_type: str | None = None,
-                 traceback_text: str | None = None):
+    def __init__(
+        self, key: str, stage: str, message: str, error_type: str | None = None, traceback_text: str | None = None
+    ):
         self.key = key
         self.stage = stage
         self.error_type = error_type or type(self).__name__

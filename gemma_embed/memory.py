@@ -15,8 +15,22 @@ from pathlib import Path
 DEFAULT_FREE_FRACTION = 0.5
 DEFAULT_TOTAL_FRACTION = 0.1
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 @dataclass(frozen=True)
@@ -110,8 +124,9 @@ def audio_item_cost(mel_frames: int, bytes_per_element: int) -> int:
     return int(max(0, int(mel_frames)) * 52_000 * max(1, int(bytes_per_element)) / 4)
 
 
-def gemma3n_audio_item_cost(mel_frames: int, channels: int = 128, mel_bins: int = 128,
-                            bytes_per_element: int = 4) -> int:
+def gemma3n_audio_item_cost(
+    mel_frames: int, channels: int = 128, mel_bins: int = 128, bytes_per_element: int = 4
+) -> int:
     """Gemma 3n audio tower: per mel frame, the first subsampling convolution's output (channels x mel_bins/2
     values per two frames) and the copies its cumulative group norm makes, which it computes in float32 whatever
     the model dtype. Profiled in float32 (bench/bench_audio.py): 284 MiB for one 30 s clip at channels 128, about

@@ -64,8 +64,10 @@ def _audio(config: RunConfig, checkpoint, device, dtype) -> Modality:
         tower = Gemma4AudioTower(checkpoint, device, dtype)
         rows_for_frames, keep_tail = gemma4_audio_rows, False
     else:
-        raise UsageError(f"{checkpoint.source}: no audio support for model type "
-                         f"{getattr(checkpoint.config, 'model_type', '?')} (audio tower {family or '?'})")
+        raise UsageError(
+            f"{checkpoint.source}: no audio support for model type "
+            f"{getattr(checkpoint.config, 'model_type', '?')} (audio tower {family or '?'})"
+        )
     preparer = AudioPreparer(load_feature_extractor(checkpoint), rows_for_frames, window_s, keep_tail)
     decode = partial(decode_audio, sample_rate=preparer.sample_rate)
     return Modality("audio", decode, preparer, tower)
@@ -84,9 +86,14 @@ def _video(config: RunConfig, checkpoint, device, dtype) -> Modality:
     policy = resolve_policy(preparer.num_frames, preparer.fps, fps=fps, max_frames=max_frames)
     window = max(1, VIDEO_WINDOW_FRAMES // (policy.most_frames or VIDEO_WINDOW_FRAMES))
     # Frames are images to the vision tower: the same tower class, so frames share the image path's buckets.
-    return Modality("video", partial(decode_video, policy=policy), preparer,
-                    Gemma4VisionTower(checkpoint, device, dtype), pools=("none", "mean", "frame"),
-                    window_items=window)
+    return Modality(
+        "video",
+        partial(decode_video, policy=policy),
+        preparer,
+        Gemma4VisionTower(checkpoint, device, dtype),
+        pools=("none", "mean", "frame"),
+        window_items=window,
+    )
 
 
 BUILDERS: dict[str, Callable[..., Modality]] = {
@@ -103,6 +110,7 @@ def build_modality(config: RunConfig, checkpoint, device, dtype) -> Modality:
         raise UsageError(f"modality {config.modality!r} is not supported") from None
     modality = builder(config, checkpoint, device, dtype)
     if config.pool not in modality.pools:
-        raise UsageError(f"--pool {config.pool} does not apply to {config.modality} "
-                         f"(choose {', '.join(modality.pools)})")
+        raise UsageError(
+            f"--pool {config.pool} does not apply to {config.modality} (choose {', '.join(modality.pools)})"
+        )
     return modality

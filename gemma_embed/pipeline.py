@@ -90,8 +90,9 @@ class Prepared:
     already_done: bool = False  # --resume: this key's rows are saved for this exact content
 
 
-def decode_and_prepare(modality: Modality, source: Source,
-                       is_done: Callable[[str, str], bool] | None = None) -> Prepared:
+def decode_and_prepare(
+    modality: Modality, source: Source, is_done: Callable[[str, str], bool] | None = None
+) -> Prepared:
     if source.error:
         return Prepared(source, error=ItemError(source.key, "find", source.error, "FileNotFoundError"))
     stage = "decode"
@@ -116,9 +117,15 @@ def prepared_nbytes(prepared: Prepared) -> int:
     return sum(t.nbytes for u in prepared.item.units for t in u.inputs.values() if hasattr(t, "nbytes"))
 
 
-def prepared_stream(modality: Modality, sources: Iterable[Source], workers: int, window_items: int = WINDOW_ITEMS,
-                    window_bytes: int = WINDOW_BYTES, is_done: Callable[[str, str], bool] | None = None,
-                    overlap: bool = True) -> Iterator[list[Prepared]]:
+def prepared_stream(
+    modality: Modality,
+    sources: Iterable[Source],
+    workers: int,
+    window_items: int = WINDOW_ITEMS,
+    window_bytes: int = WINDOW_BYTES,
+    is_done: Callable[[str, str], bool] | None = None,
+    overlap: bool = True,
+) -> Iterator[list[Prepared]]:
     """Windows of prepared items, in input order, each at most `window_items` items or `window_bytes` of
     prepared tensors.
 
@@ -134,6 +141,7 @@ def prepared_stream(modality: Modality, sources: Iterable[Source], workers: int,
     seen_items, seen_bytes = 0, 0
     window: list[Prepared] = []
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="decode") as pool:
+
         def top_up() -> None:
             average = seen_bytes / seen_items if seen_items else 0
             ahead = window_items if not average else int(window_bytes // max(1.0, average))
@@ -248,11 +256,21 @@ def run(config: RunConfig, reporter: Reporter, stdin=None) -> int:
     if part.is_split:
         check_output_path(config.output, config.overwrite, config.resume)
     loaded = _load(config, part.local_rank)
-    budget_spec, device, dtype, checkpoint, modality = (loaded.budget_spec, loaded.device, loaded.dtype,
-                                                         loaded.checkpoint, loaded.modality)
-    writer = EmbeddingWriter(output, _header(config, checkpoint, modality, device, dtype),
-                             config.output_dtype, flush_every=config.flush_every, resume=config.resume,
-                             shard_size=config.shard_size)
+    budget_spec, device, dtype, checkpoint, modality = (
+        loaded.budget_spec,
+        loaded.device,
+        loaded.dtype,
+        loaded.checkpoint,
+        loaded.modality,
+    )
+    writer = EmbeddingWriter(
+        output,
+        _header(config, checkpoint, modality, device, dtype),
+        config.output_dtype,
+        flush_every=config.flush_every,
+        resume=config.resume,
+        shard_size=config.shard_size,
+    )
     sources = distributed.take(iter_sources(config.inputs, config.modality, stdin, config.null_separated), part)
     reporter.start(config.modality if not part.is_split else f"{config.modality} [{part.index}/{part.count}]")
     if reporter.live and "-" not in config.inputs:
@@ -260,15 +278,16 @@ def run(config: RunConfig, reporter: Reporter, stdin=None) -> int:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with stop_on_signals() as stop:
-        engine = Engine(modality.tower, config.space, budget_spec, config.batch_size, reporter,
-                        should_stop=stop.check)
+        engine = Engine(modality.tower, config.space, budget_spec, config.batch_size, reporter, should_stop=stop.check)
         try:
             _embed_all(config, modality, engine, writer, sources, reporter, stop)
         except Interrupted as interrupted:
             _save(writer.flush, writer.parts)
             write_errors(output, reporter.failures)
-            reporter.note(f"interrupted by {interrupted}: {len(writer.saved)} items are saved in {writer.parts}; "
-                          f"run the same command with --resume to finish")
+            reporter.note(
+                f"interrupted by {interrupted}: {len(writer.saved)} items are saved in {writer.parts}; "
+                f"run the same command with --resume to finish"
+            )
             reporter.finish({"output": None, "interrupted": str(interrupted), "items": len(writer)})
             return 128 + interrupted.signum
     written = _save(writer.close, output)
@@ -276,10 +295,18 @@ def run(config: RunConfig, reporter: Reporter, stdin=None) -> int:
     if part.is_split:
         written = _merge_slices(config.output, part, writer, reporter) or written
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    reporter.finish({"output": str(written), "items": len(writer), "failures": reporter.failures,
-                     "peak_device_memory": peak, "oom_backoffs": engine.backoffs,
-                     "chunking": engine.tuner.report() if engine.tuner else {"fixed": config.batch_size},
-                     "device": str(device), "dtype": str(dtype).removeprefix("torch.")})
+    reporter.finish(
+        {
+            "output": str(written),
+            "items": len(writer),
+            "failures": reporter.failures,
+            "peak_device_memory": peak,
+            "oom_backoffs": engine.backoffs,
+            "chunking": engine.tuner.report() if engine.tuner else {"fixed": config.batch_size},
+            "device": str(device),
+            "dtype": str(dtype).removeprefix("torch."),
+        }
+    )
     return 1 if reporter.failed else 0
 
 
@@ -311,13 +338,19 @@ def _merge_slices(output, part: distributed.Slice, writer: EmbeddingWriter, repo
     return merged
 
 
-def _embed_all(config: RunConfig, modality: Modality, engine: Engine, writer: EmbeddingWriter,
-               sources: Iterable[Source], reporter: Reporter, stop) -> None:
+def _embed_all(
+    config: RunConfig,
+    modality: Modality,
+    engine: Engine,
+    writer: EmbeddingWriter,
+    sources: Iterable[Source],
+    reporter: Reporter,
+    stop,
+) -> None:
     window_items = max(1, min(modality.window_items or WINDOW_ITEMS, config.flush_every))
     is_done = writer.is_done if config.resume else None
     overlap = engine.tower.device.type != "cpu" or OVERLAP_ON_CPU
-    for window in prepared_stream(modality, sources, config.workers, window_items, is_done=is_done,
-                                  overlap=overlap):
+    for window in prepared_stream(modality, sources, config.workers, window_items, is_done=is_done, overlap=overlap):
         stop.check()
         results = encode_window(engine, window)
         for p, rows in zip(window, results, strict=True):
@@ -333,8 +366,10 @@ def _embed_all(config: RunConfig, modality: Modality, engine: Engine, writer: Em
                     return
                 continue
             pooled = pool_rows(rows, config.pool, p.item.rows_per_unit)
-            _save(lambda p=p, pooled=pooled: writer.add(p.source.key, pooled, p.item.meta, p.source.position),
-                  writer.parts)
+            _save(
+                lambda p=p, pooled=pooled: writer.add(p.source.key, pooled, p.item.meta, p.source.position),
+                writer.parts,
+            )
             reporter.item_done(p.source.key, int(pooled.shape[0]))
 
 
@@ -343,8 +378,10 @@ def _save(action: Callable, where):
     try:
         return action()
     except OSError as exc:
-        raise RunError(f"{where}: cannot write: {exc.strerror or exc}; finished parts are kept, free space "
-                       f"and run again with --resume") from exc
+        raise RunError(
+            f"{where}: cannot write: {exc.strerror or exc}; finished parts are kept, free space "
+            f"and run again with --resume"
+        ) from exc
 
 
 def _budget_spec(config: RunConfig) -> memory.BudgetSpec:
@@ -373,14 +410,31 @@ def plan(config: RunConfig, reporter: Reporter, stdin=None) -> dict:
     buckets = []
     for group in _grouping(modality.tower)(lengths):
         chunk_plan = engine.plan(group.length)
-        buckets.append({"length": group.length, "units": len(group.indices),
-                        "cost_per_unit": chunk_plan.cost_per_unit, "chunk": chunk_plan.chunk})
-    result = {"type": "plan", "modality": config.modality, "device": str(device),
-              "dtype": str(dtype).removeprefix("torch."), "free_memory": free, "total_memory": total,
-              "budget": memory.budget(free, total, budget_spec), "items": len(sources), "units": len(lengths),
-              "buckets": buckets, "failures": failures,
-              "chunking": (f"fixed at --batch-size {config.batch_size} (under each bucket's memory cap)"
-                           if config.batch_size else
-                           "tuned at run time: the fastest measured size within each bucket's memory cap")}
+        buckets.append(
+            {
+                "length": group.length,
+                "units": len(group.indices),
+                "cost_per_unit": chunk_plan.cost_per_unit,
+                "chunk": chunk_plan.chunk,
+            }
+        )
+    result = {
+        "type": "plan",
+        "modality": config.modality,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "free_memory": free,
+        "total_memory": total,
+        "budget": memory.budget(free, total, budget_spec),
+        "items": len(sources),
+        "units": len(lengths),
+        "buckets": buckets,
+        "failures": failures,
+        "chunking": (
+            f"fixed at --batch-size {config.batch_size} (under each bucket's memory cap)"
+            if config.batch_size
+            else "tuned at run time: the fastest measured size within each bucket's memory cap"
+        ),
+    }
     reporter.show_plan(result)
     return result

@@ -30,8 +30,15 @@ def _human_bytes(n: float | None) -> str:
 
 
 class Reporter:
-    def __init__(self, quiet: bool = False, jsonl: bool = False, stdout: IO[str] | None = None,
-                 stderr: IO[str] | None = None, live: bool | None = None, debug: bool = False):
+    def __init__(
+        self,
+        quiet: bool = False,
+        jsonl: bool = False,
+        stdout: IO[str] | None = None,
+        stderr: IO[str] | None = None,
+        live: bool | None = None,
+        debug: bool = False,
+    ):
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         self.quiet = quiet
@@ -64,10 +71,15 @@ class Reporter:
         )
 
         self._progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(), TimeRemainingColumn(),
-            console=Console(file=self.stderr), transient=False,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=Console(file=self.stderr),
+            transient=False,
         )
         self._progress.start()
         self._task = self._progress.add_task(description, total=total, rate="", status="")
@@ -128,9 +140,11 @@ class Reporter:
             from rich.console import Console
             from rich.table import Table
 
-            table = Table(title=f"{plan['modality']}: {plan['items']} items, {plan['units']} units on "
-                                f"{plan['device']} ({plan['dtype']}); free {_human_bytes(plan['free_memory'])} of "
-                                f"{_human_bytes(plan['total_memory'])}, budget {_human_bytes(plan['budget'])}")
+            table = Table(
+                title=f"{plan['modality']}: {plan['items']} items, {plan['units']} units on "
+                f"{plan['device']} ({plan['dtype']}); free {_human_bytes(plan['free_memory'])} of "
+                f"{_human_bytes(plan['total_memory'])}, budget {_human_bytes(plan['budget'])}"
+            )
             table.caption = f"chunk = the memory cap; {plan['chunking']}"
             for column in ("length", "units", "cost per unit", "chunk"):
                 table.add_column(column, justify="right")
@@ -146,12 +160,18 @@ class Reporter:
             self._progress.stop()
             self._progress = None
         elapsed = time.monotonic() - self.started
-        summary = {"type": "summary", "ok": self.ok, "failed": self.failed, "resumed": self.resumed, "rows": self.rows,
-                   "seconds": round(elapsed, 3), "items_per_s": round(self.ok / elapsed, 3) if elapsed > 0 else None,
-                   **summary}
+        summary = {
+            "type": "summary",
+            "ok": self.ok,
+            "failed": self.failed,
+            "resumed": self.resumed,
+            "rows": self.rows,
+            "seconds": round(elapsed, 3),
+            "items_per_s": round(self.ok / elapsed, 3) if elapsed > 0 else None,
+            **summary,
+        }
         if not self.quiet:
-            line = (f"{self.ok} ok, {self.failed} failed in {elapsed:.1f} s "
-                    f"({summary['items_per_s'] or 0:.2f} items/s)")
+            line = f"{self.ok} ok, {self.failed} failed in {elapsed:.1f} s ({summary['items_per_s'] or 0:.2f} items/s)"
             if summary.get("peak_device_memory") is not None:
                 line += f", peak device memory {_human_bytes(summary['peak_device_memory'])}"
             if summary.get("output"):

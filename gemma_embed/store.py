@@ -91,8 +91,9 @@ def check_output_path(path: Path, overwrite: bool, resume: bool = False) -> None
     parts = parts_folder(path)
     if not resume and not overwrite:
         if parts.exists():
-            raise UsageError(f"{parts}: an unfinished run left parts here; pass --resume to finish it "
-                             f"or --overwrite to start over")
+            raise UsageError(
+                f"{parts}: an unfinished run left parts here; pass --resume to finish it or --overwrite to start over"
+            )
         if output_files(path):
             raise UsageError(f"{path}: output exists; pass --overwrite to replace it or --resume to add to it")
     folder = path.parent if str(path.parent) else Path(".")
@@ -111,8 +112,7 @@ def atomic_save(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path
     from safetensors.torch import save_file
 
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.",
-                               suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         try:
@@ -133,8 +133,9 @@ def atomic_save(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path
         raise
 
 
-def _file_tensors(keys: list[str], items: list[dict], rows: list[torch.Tensor], header: dict[str, str],
-                  dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _file_tensors(
+    keys: list[str], items: list[dict], rows: list[torch.Tensor], header: dict[str, str], dtype: torch.dtype
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     width = rows[0].shape[1] if rows else 0
     embeddings = torch.cat(rows) if rows else torch.zeros((0, width), dtype=dtype)
     counts = torch.tensor([0] + [r.shape[0] for r in rows], dtype=torch.int64)
@@ -159,9 +160,16 @@ class EmbeddingWriter:
     `close` assembles the final file from parts and new items alike.
     """
 
-    def __init__(self, path: Path, header: dict[str, str], output_dtype: str = "float32",
-                 flush_every: int | None = None, flush_seconds: float = 60.0, resume: bool = False,
-                 shard_size: int | None = None):
+    def __init__(
+        self,
+        path: Path,
+        header: dict[str, str],
+        output_dtype: str = "float32",
+        flush_every: int | None = None,
+        flush_seconds: float = 60.0,
+        resume: bool = False,
+        shard_size: int | None = None,
+    ):
         self.path = Path(path)
         self.parts = parts_folder(self.path)
         self.dtype = OUTPUT_DTYPES[output_dtype]
@@ -191,10 +199,13 @@ class EmbeddingWriter:
                 raise UsageError(f"cannot resume: {exc}") from exc
             for field in FINGERPRINT:
                 if meta.get(field, "") != self.header.get(field, ""):
-                    raise UsageError(f"{file}: made with {field}={meta.get(field)!r}, this run has "
-                                     f"{self.header.get(field)!r}; use the same settings or --overwrite")
-            for position, (key, item) in enumerate(zip(json.loads(meta["keys"]), json.loads(meta["items"]),
-                                                       strict=True)):
+                    raise UsageError(
+                        f"{file}: made with {field}={meta.get(field)!r}, this run has "
+                        f"{self.header.get(field)!r}; use the same settings or --overwrite"
+                    )
+            for position, (key, item) in enumerate(
+                zip(json.loads(meta["keys"]), json.loads(meta["items"]), strict=True)
+            ):
                 self.saved[key] = (file, position, item)
         numbers = [int(p.stem.split("-")[1]) for p in self.parts.glob("part-*.safetensors")]
         self.part_count = max(numbers, default=-1) + 1
@@ -217,8 +228,9 @@ class EmbeddingWriter:
             raise ValueError(f"{key}: rows must be 2-D, got shape {tuple(rows.shape)}")
         self.order[key] = position
         self.pending[key] = ({**meta, "rows": int(rows.shape[0])}, rows)
-        if (self.flush_every and len(self.pending) >= self.flush_every) or \
-                time.monotonic() - self.last_flush >= self.flush_seconds:
+        if (
+            self.flush_every and len(self.pending) >= self.flush_every
+        ) or time.monotonic() - self.last_flush >= self.flush_seconds:
             self.flush()
 
     def flush(self) -> None:
@@ -229,8 +241,9 @@ class EmbeddingWriter:
         self.parts.mkdir(exist_ok=True)
         part = self.parts / f"part-{self.part_count:06d}.safetensors"
         keys = list(self.pending)
-        tensors, metadata = _file_tensors(keys, [m for m, _ in self.pending.values()],
-                                          [r for _, r in self.pending.values()], self.header, self.dtype)
+        tensors, metadata = _file_tensors(
+            keys, [m for m, _ in self.pending.values()], [r for _, r in self.pending.values()], self.header, self.dtype
+        )
         atomic_save(tensors, metadata, part)
         self.part_count += 1
         for position, (key, (meta, _)) in enumerate(self.pending.items()):
@@ -254,8 +267,11 @@ class EmbeddingWriter:
             written = [self._write(shard_path(self.path, n), [entries[i] for i in r]) for n, r in enumerate(ranges)]
             if self.path.exists():
                 self.path.unlink()  # an older single-file output: the index below replaces it
-            index = {"format": FORMAT, "shards": [p.name for p in written],
-                     "keys": {key: n for n, r in enumerate(ranges) for key in (entries[i][0] for i in r)}}
+            index = {
+                "format": FORMAT,
+                "shards": [p.name for p in written],
+                "keys": {key: n for n, r in enumerate(ranges) for key in (entries[i][0] for i in r)},
+            }
             _atomic_text(index_path(self.path), json.dumps(index, ensure_ascii=True))
         for stale in set(previous) - set(written):
             stale.unlink(missing_ok=True)
@@ -277,11 +293,16 @@ class EmbeddingWriter:
         if self._cached_file != file:
             self._cached_file, self._cached_rows = file, _read_rows(file)
         embeddings, offsets = self._cached_rows
-        return embeddings[offsets[position]:offsets[position + 1]].to(self.dtype)
+        return embeddings[offsets[position] : offsets[position + 1]].to(self.dtype)
 
     def _write(self, path: Path, entries: list) -> Path:
-        tensors, metadata = _file_tensors([k for k, _, _ in entries], [m for _, m, _ in entries],
-                                          [rows() for _, _, rows in entries], self.header, self.dtype)
+        tensors, metadata = _file_tensors(
+            [k for k, _, _ in entries],
+            [m for _, m, _ in entries],
+            [rows() for _, _, rows in entries],
+            self.header,
+            self.dtype,
+        )
         atomic_save(tensors, metadata, path)
         return path
 
@@ -369,7 +390,7 @@ def _entries(path: Path, stack) -> Iterator[tuple[str, dict, Callable[[], torch.
         def rows(fh=fh, shard=shard, i=i) -> torch.Tensor:
             if shard not in offsets:
                 offsets[shard] = fh.get_tensor("offsets").tolist()
-            return fh.get_slice("embeddings")[offsets[shard][i]:offsets[shard][i + 1]]
+            return fh.get_slice("embeddings")[offsets[shard][i] : offsets[shard][i + 1]]
 
         yield key, items[i], rows, header
 

@@ -65,6 +65,8 @@ class ChunkTuner:
             self.settled = min(self.settled, self.max_size)
 
     def report(self) -> dict:
-        return {"chosen": self.settled if self.settled is not None else self.probe,
-                "settled": self.settled is not None,
-                "patches_per_s": {str(s): round(self.mean_rate(s), 1) for s in sorted(self.rates)}}
+        return {
+            "chosen": self.settled if self.settled is not None else self.probe,
+            "settled": self.settled is not None,
+            "patches_per_s": {str(s): round(self.mean_rate(s), 1) for s in sorted(self.rates)},
+        }

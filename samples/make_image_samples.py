@@ -26,8 +26,14 @@ def _picture(width: int, height: int, seed: int) -> Image.Image:
 def make_images(folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    specs = [("landscape.jpg", 640, 480), ("portrait.png", 300, 500), ("square.webp", 256, 256),
-             ("panorama.jpg", 4000, 300), ("tall.png", 120, 900), ("pixel.png", 1, 1)]
+    specs = [
+        ("landscape.jpg", 640, 480),
+        ("portrait.png", 300, 500),
+        ("square.webp", 256, 256),
+        ("panorama.jpg", 4000, 300),
+        ("tall.png", 120, 900),
+        ("pixel.png", 1, 1),
+    ]
     for i, (name, w, h) in enumerate(specs):
         path = folder / name
         _picture(w, h, seed=i).save(path, quality=85) if name.endswith(".jpg") else _picture(w, h, seed=i).save(path)

@@ -20,25 +20,57 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 
-def tiny_gemma4_config(vision: bool = True, audio: bool = True, text_hidden: int = 32, vocab_size: int = 512,
-                       vision_hidden: int = 64, vision_layers: int = 2):
+def tiny_gemma4_config(
+    vision: bool = True,
+    audio: bool = True,
+    text_hidden: int = 32,
+    vocab_size: int = 512,
+    vision_hidden: int = 64,
+    vision_layers: int = 2,
+):
     from transformers import Gemma4AudioConfig, Gemma4Config, Gemma4TextConfig, Gemma4VisionConfig
 
     text = Gemma4TextConfig(
-        vocab_size=vocab_size, hidden_size=text_hidden, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=16,
-        vocab_size_per_layer_input=vocab_size, hidden_size_per_layer_input=4,
-        layer_types=["sliding_attention", "full_attention"], sliding_window=16,
+        vocab_size=vocab_size,
+        hidden_size=text_hidden,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        global_head_dim=16,
+        vocab_size_per_layer_input=vocab_size,
+        hidden_size_per_layer_input=4,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=16,
     )
-    vision_cfg = Gemma4VisionConfig(
-        hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=vision_layers,
-        num_attention_heads=4, num_key_value_heads=4, head_dim=vision_hidden // 4, patch_size=16,
-        pooling_kernel_size=3, position_embedding_size=1024, standardize=True,
-    ) if vision else None
-    audio_cfg = Gemma4AudioConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, subsampling_conv_channels=[128, 8],
-        output_proj_dims=48,
-    ) if audio else None
+    vision_cfg = (
+        Gemma4VisionConfig(
+            hidden_size=vision_hidden,
+            intermediate_size=2 * vision_hidden,
+            num_hidden_layers=vision_layers,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            head_dim=vision_hidden // 4,
+            patch_size=16,
+            pooling_kernel_size=3,
+            position_embedding_size=1024,
+            standardize=True,
+        )
+        if vision
+        else None
+    )
+    audio_cfg = (
+        Gemma4AudioConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            subsampling_conv_channels=[128, 8],
+            output_proj_dims=48,
+        )
+        if audio
+        else None
+    )
     return Gemma4Config(text_config=text, vision_config=vision_cfg, audio_config=audio_cfg)
 
 
@@ -78,8 +110,15 @@ def write_processor_files(folder: Path, max_soft_tokens: int = 280) -> None:
     (folder / "processor_config.json").write_text(json.dumps(sections, indent=2, sort_keys=True))
 
 
-def build_gemma4(folder: Path, seed: int = 0, vision: bool = True, audio: bool = True,
-                 max_shard_size: str | None = None, max_soft_tokens: int = 280, **config_kwargs) -> Path:
+def build_gemma4(
+    folder: Path,
+    seed: int = 0,
+    vision: bool = True,
+    audio: bool = True,
+    max_shard_size: str | None = None,
+    max_soft_tokens: int = 280,
+    **config_kwargs,
+) -> Path:
     from transformers import Gemma4ForConditionalGeneration
 
     torch.manual_seed(seed)
@@ -94,18 +133,34 @@ def build_gemma4(folder: Path, seed: int = 0, vision: bool = True, audio: bool =
     return folder
 
 
-def tiny_gemma3n_config(audio_hidden: int = 32, audio_layers: int = 2, sscp_channels=(16, 8), text_hidden: int = 32,
-                        vocab_size: int = 512):
+def tiny_gemma3n_config(
+    audio_hidden: int = 32, audio_layers: int = 2, sscp_channels=(16, 8), text_hidden: int = 32, vocab_size: int = 512
+):
     from transformers import Gemma3nAudioConfig, Gemma3nConfig, Gemma3nTextConfig, Gemma3nVisionConfig
 
     text = Gemma3nTextConfig(
-        vocab_size=vocab_size, vocab_size_per_layer_input=vocab_size, hidden_size=text_hidden,
-        hidden_size_per_layer_input=4, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, layer_types=["sliding_attention", "full_attention"], sliding_window=16,
-        num_kv_shared_layers=0, altup_num_inputs=2, laurel_rank=4, activation_sparsity_pattern=[0.0, 0.0],
+        vocab_size=vocab_size,
+        vocab_size_per_layer_input=vocab_size,
+        hidden_size=text_hidden,
+        hidden_size_per_layer_input=4,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=16,
+        num_kv_shared_layers=0,
+        altup_num_inputs=2,
+        laurel_rank=4,
+        activation_sparsity_pattern=[0.0, 0.0],
     )
-    audio = Gemma3nAudioConfig(hidden_size=audio_hidden, conf_num_hidden_layers=audio_layers,
-                               conf_num_attention_heads=4, sscp_conv_channel_size=list(sscp_channels))
+    audio = Gemma3nAudioConfig(
+        hidden_size=audio_hidden,
+        conf_num_hidden_layers=audio_layers,
+        conf_num_attention_heads=4,
+        sscp_conv_channel_size=list(sscp_channels),
+    )
     # Only embed_vision is built from the vision config (the timm tower is stubbed out, see below).
     vision = Gemma3nVisionConfig(hidden_size=16)
     return Gemma3nConfig(text_config=text, audio_config=audio, vision_config=vision)

@@ -35,9 +35,18 @@ def frame_pixels(index: int, width: int, height: int, seed: int = 0) -> np.ndarr
     return ((rgb * 0.45 + 0.5) * 255).astype(np.uint8)
 
 
-def write_video(path: Path, codec: str, width: int, height: int, frames: int, rate: int = 24,
-                rotation: int | None = None, frame_ms: tuple[int, ...] | None = None, gop: int | None = None,
-                seed: int = 0) -> Path:
+def write_video(
+    path: Path,
+    codec: str,
+    width: int,
+    height: int,
+    frames: int,
+    rate: int = 24,
+    rotation: int | None = None,
+    frame_ms: tuple[int, ...] | None = None,
+    gop: int | None = None,
+    seed: int = 0,
+) -> Path:
     """Encode `frames` frames. rotation: display-matrix degrees counter-clockwise. frame_ms: per-frame display
     times in milliseconds, cycled (a variable frame rate); gop: keyframe interval."""
     import av
@@ -77,7 +86,7 @@ def write_audio_only(path: Path, seconds: float = 1.0, rate: int = 16000) -> Pat
         t = np.arange(int(seconds * rate), dtype=np.float32) / rate
         wave = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
         for start in range(0, len(wave), 1024):
-            frame = av.AudioFrame.from_ndarray(wave[None, start:start + 1024].copy(), format="fltp", layout="mono")
+            frame = av.AudioFrame.from_ndarray(wave[None, start : start + 1024].copy(), format="fltp", layout="mono")
             frame.sample_rate = rate
             for packet in stream.encode(frame):
                 container.mux(packet)
@@ -89,8 +98,10 @@ def write_audio_only(path: Path, seconds: float = 1.0, rate: int = 16000) -> Pat
 def make_samples(folder: Path) -> list[Path]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    return [write_video(folder / name, codec, w, h, n, seed=i, **extra)
-            for i, (name, (codec, w, h, n, extra)) in enumerate(SAMPLES.items())]
+    return [
+        write_video(folder / name, codec, w, h, n, seed=i, **extra)
+        for i, (name, (codec, w, h, n, extra)) in enumerate(SAMPLES.items())
+    ]
 
 
 def main() -> None:

@@ -9,8 +9,7 @@ import torch
 
 RATE = 16_000
 # Clearly different lengths, no two with the same mel frame count (checked in the tests).
-CLIP_SECONDS = {"a-1.00s.wav": 1.0, "b-2.37s.wav": 2.37, "c-3.50s.wav": 3.5, "d-7.00s.wav": 7.0,
-                "e-12.00s.wav": 12.0}
+CLIP_SECONDS = {"a-1.00s.wav": 1.0, "b-2.37s.wav": 2.37, "c-3.50s.wav": 3.5, "d-7.00s.wav": 7.0, "e-12.00s.wav": 12.0}
 
 
 def make_clip(seconds: float, seed: int, rate: int = RATE) -> np.ndarray:

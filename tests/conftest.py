@@ -16,8 +16,15 @@ sys.path.insert(0, str(ROOT / "samples"))
 from make_tiny_checkpoint import build_gemma4  # noqa: E402
 
 # Six aspect ratios, including the two extremes the issue names (1x1 and 4000x300).
-IMAGE_SIZES = {"one.png": (1, 1), "wide.jpg": (4000, 300), "landscape.jpg": (640, 480), "portrait.png": (480, 640),
-               "square.png": (512, 512), "tall.webp": (200, 1400), "landscape2.jpg": (1280, 960)}
+IMAGE_SIZES = {
+    "one.png": (1, 1),
+    "wide.jpg": (4000, 300),
+    "landscape.jpg": (640, 480),
+    "portrait.png": (480, 640),
+    "square.png": (512, 512),
+    "tall.webp": (200, 1400),
+    "landscape2.jpg": (1280, 960),
+}
 
 
 def write_image(path: Path, width: int, height: int, seed: int) -> Path:
@@ -64,8 +71,9 @@ def reference_image_rows(model, processor, path: Path, max_soft_tokens: int, spa
         image = ImageOps.exif_transpose(img).convert("RGB")
     inputs = processor([image], return_tensors="pt", max_soft_tokens=max_soft_tokens)
     with torch.no_grad():
-        out = model.get_image_features(pixel_values=inputs["pixel_values"],
-                                       image_position_ids=inputs["image_position_ids"])
+        out = model.get_image_features(
+            pixel_values=inputs["pixel_values"], image_position_ids=inputs["image_position_ids"]
+        )
     if space == "tower":
         return out.last_hidden_state
     (rows,) = out.pooler_output

@@ -14,8 +14,14 @@ from gemma_embed.progress import Reporter
 def run_images(inputs, model: Path, output: Path, stdin=None, **options) -> tuple[int, list[dict], str]:
     """Run the pipeline; return (exit code, stdout JSON records, stderr text)."""
     options.setdefault("overwrite", True)
-    config = RunConfig(modality=options.pop("modality", "images"), inputs=tuple(str(i) for i in inputs),
-                       output=output, model=str(model), device="cpu", **options)
+    config = RunConfig(
+        modality=options.pop("modality", "images"),
+        inputs=tuple(str(i) for i in inputs),
+        output=output,
+        model=str(model),
+        device="cpu",
+        **options,
+    )
     out, err = io.StringIO(), io.StringIO()
     code = run(config, Reporter(jsonl=True, stdout=out, stderr=err, live=False), stdin=stdin)
     records = [json.loads(line) for line in out.getvalue().splitlines() if line.strip()]

@@ -78,8 +78,9 @@ def test_token_count_alone_equals_batched_and_the_tower_mask(gemma4_dir, extract
 
 
 @pytest.mark.parametrize("space", ["language", "tower"])
-def test_ragged_batch_rows_match_each_clip_alone(tmp_path, monkeypatch, gemma4_dir, extractor, reference_model,
-                                                 clip_dir, encode_log, space):
+def test_ragged_batch_rows_match_each_clip_alone(
+    tmp_path, monkeypatch, gemma4_dir, extractor, reference_model, clip_dir, encode_log, space
+):
     folder, clips = clip_dir
     # Every clip in one ragged group, however much padding that takes (the default caps it at 25%).
     monkeypatch.setattr(pipeline, "RAGGED_MAX_PADDING", 1.0)
@@ -124,8 +125,10 @@ def test_seventy_seconds_yield_three_windows_in_order(tmp_path, gemma4_dir, extr
     (item,) = gemma_embed.read_metadata(out)["items"]
     assert item["duration_s"] == pytest.approx(70.0)
     assert [(w["start_s"], w["end_s"]) for w in item["windows"]] == [(0.0, 30.0), (30.0, 60.0), (60.0, 70.0)]
-    expected = [reference_audio_rows(reference_model, extractor, samples[a * RATE:b * RATE], "gemma4")
-                for a, b in [(0, 30), (30, 60), (60, 70)]]
+    expected = [
+        reference_audio_rows(reference_model, extractor, samples[a * RATE : b * RATE], "gemma4")
+        for a, b in [(0, 30), (30, 60), (60, 70)]
+    ]
     assert [w["rows"] for w in item["windows"]] == [e.shape[0] for e in expected] == [750, 750, 250]
     rows = gemma_embed.load(out)[str(path)]
     assert rows.shape[0] == item["rows"] == 1750
@@ -151,12 +154,14 @@ def test_tower_loads_strictly_with_buffers_as_from_pretrained(gemma4_dir, refere
     tower = Gemma4AudioTower(resolve_checkpoint(str(gemma4_dir)), "cpu", torch.float32)
     ours = dict(tower.tower.named_buffers()) | dict(tower.tower.named_parameters())
     theirs = dict(reference_model.model.audio_tower.named_buffers()) | dict(
-        reference_model.model.audio_tower.named_parameters())
+        reference_model.model.audio_tower.named_parameters()
+    )
     assert ours.keys() == theirs.keys()
     for name, value in theirs.items():
         assert torch.equal(ours[name], value), name
-    assert torch.equal(tower.embed.embedding_projection.weight,
-                       reference_model.model.embed_audio.embedding_projection.weight)
+    assert torch.equal(
+        tower.embed.embedding_projection.weight, reference_model.model.embed_audio.embedding_projection.weight
+    )
 
 
 def test_checkpoint_without_audio_tower_is_a_clear_error(tmp_path):
@@ -165,8 +170,17 @@ def test_checkpoint_without_audio_tower_is_a_clear_error(tmp_path):
     folder = build_gemma4(tmp_path / "vision-only", seed=3, audio=False)
     with pytest.raises(CheckpointError, match="no audio tower"):
         Gemma4AudioTower(resolve_checkpoint(str(folder)), "cpu", torch.float32)
-    result = runner.invoke(app, ["audio", str(ROOT / "samples" / "media" / "audio"), "--model", str(folder),
-                                 "-o", str(tmp_path / "x.safetensors")])
+    result = runner.invoke(
+        app,
+        [
+            "audio",
+            str(ROOT / "samples" / "media" / "audio"),
+            "--model",
+            str(folder),
+            "-o",
+            str(tmp_path / "x.safetensors"),
+        ],
+    )
     assert result.exit_code == 2 and "no audio tower" in result.output
 
 
@@ -178,8 +192,21 @@ def test_cli_audio_window_option_and_plan(tmp_path, gemma4_dir):
 
     sf.write(tmp_path / "twenty-five.wav", make_clip(25.0, 1), RATE, subtype="PCM_16")
     out = tmp_path / "w.safetensors"
-    result = runner.invoke(app, ["audio", str(tmp_path / "twenty-five.wav"), "--model", str(gemma4_dir), "-o",
-                                 str(out), "--window-s", "10", "-q"], catch_exceptions=False)
+    result = runner.invoke(
+        app,
+        [
+            "audio",
+            str(tmp_path / "twenty-five.wav"),
+            "--model",
+            str(gemma4_dir),
+            "-o",
+            str(out),
+            "--window-s",
+            "10",
+            "-q",
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     (item,) = gemma_embed.read_metadata(out)["items"]
     assert [(w["start_s"], w["end_s"]) for w in item["windows"]] == [(0, 10), (10, 20), (20, 25)]
@@ -187,8 +214,11 @@ def test_cli_audio_window_option_and_plan(tmp_path, gemma4_dir):
     too_long = runner.invoke(app, ["audio", str(tmp_path), "--model", str(gemma4_dir), "--window-s", "45"])
     assert too_long.exit_code == 2
 
-    planned = runner.invoke(app, ["plan", str(ROOT / "samples" / "media" / "audio"), "--modality", "audio",
-                                  "--model", str(gemma4_dir), "-q"], catch_exceptions=False)
+    planned = runner.invoke(
+        app,
+        ["plan", str(ROOT / "samples" / "media" / "audio"), "--modality", "audio", "--model", str(gemma4_dir), "-q"],
+        catch_exceptions=False,
+    )
     assert planned.exit_code == 0, planned.output
     plan = json.loads(planned.stdout.strip().splitlines()[-1])
     assert plan["modality"] == "audio" and plan["items"] == 5 and plan["units"] == 5

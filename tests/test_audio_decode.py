@@ -34,8 +34,9 @@ def write_soundfile(path: Path, rate: int, subtype: str, channels: int = 1, seco
     return path
 
 
-def write_pyav(path: Path, rate: int, codec: str, channels: int = 1, seconds: float = 1.0,
-               video: bool = False, audio: bool = True) -> Path:
+def write_pyav(
+    path: Path, rate: int, codec: str, channels: int = 1, seconds: float = 1.0, video: bool = False, audio: bool = True
+) -> Path:
     """Encode with FFmpeg through PyAV; `video` adds a small video stream, as a phone recording has."""
     import av
 
@@ -102,7 +103,7 @@ def test_decodes_to_mono_float32_at_the_model_rate(tmp_path, name):
     else:
         assert abs(x.size - TARGET) < 0.12 * TARGET  # encoder priming and padding
     assert abs(dominant_frequency(x, TARGET) - FREQ) < 5
-    rms = float(np.sqrt(np.mean(x[x.size // 4: 3 * x.size // 4] ** 2)))
+    rms = float(np.sqrt(np.mean(x[x.size // 4 : 3 * x.size // 4] ** 2)))
     assert rms == pytest.approx(expected_rms, rel=0.1)
 
 
@@ -137,9 +138,13 @@ def broken_files(folder: Path) -> dict[str, str]:
     (folder / "whole.flac").unlink()
     (folder / "not-audio.mp3").write_text("this is a text file, not an mp3\n" * 20)
     write_pyav(folder / "silent-film.mp4", TARGET, "aac", video=True, audio=False)
-    return {"empty.wav": "empty file", "zero-samples.wav": "no audio samples",
-            "truncated.flac": "truncated or corrupt", "not-audio.mp3": "not a recognised audio format",
-            "silent-film.mp4": "no audio stream"}
+    return {
+        "empty.wav": "empty file",
+        "zero-samples.wav": "no audio samples",
+        "truncated.flac": "truncated or corrupt",
+        "not-audio.mp3": "not a recognised audio format",
+        "silent-film.mp4": "no audio stream",
+    }
 
 
 def test_decode_errors_are_named_and_one_line(tmp_path):
@@ -159,8 +164,12 @@ def test_command_reports_bad_files_and_writes_the_others(tmp_path):
     out = tmp_path / "out.safetensors"
     # A folder walk takes audio extensions only; a video file is taken when named.
     model = ROOT / "samples" / "tiny-gemma4"
-    proc = subprocess.run([EXE, "audio", str(folder), str(folder / "silent-film.mp4"), "--model", str(model),
-                           "-o", str(out), "--jsonl"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [EXE, "audio", str(folder), str(folder / "silent-film.mp4"), "--model", str(model), "-o", str(out), "--jsonl"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr and "Note:" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

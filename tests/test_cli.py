@@ -29,8 +29,12 @@ def summary(stdout: str) -> dict:
 
 def test_installed_command_on_the_samples(tmp_path):
     out = tmp_path / "emb.safetensors"
-    proc = subprocess.run([EXE, "images", str(SAMPLE_IMAGES), "--model", str(SAMPLE_MODEL), "-o", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [EXE, "images", str(SAMPLE_IMAGES), "--model", str(SAMPLE_MODEL), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     result = summary(proc.stdout)
     n = len(list(SAMPLE_IMAGES.iterdir()))
@@ -45,8 +49,13 @@ def test_installed_command_reads_paths_from_stdin_and_names_bad_files(tmp_path):
     good = sorted(SAMPLE_IMAGES.iterdir())[:2]
     listing = "\n".join(str(p) for p in [good[0], bad, good[1]]) + "\n"
     out = tmp_path / "emb.safetensors"
-    proc = subprocess.run([EXE, "images", "-", "--model", str(SAMPLE_MODEL), "-o", str(out), "--jsonl"],
-                          input=listing, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [EXE, "images", "-", "--model", str(SAMPLE_MODEL), "-o", str(out), "--jsonl"],
+        input=listing,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr
     error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(error_lines) == 1 and str(bad) in error_lines[0]
@@ -66,8 +75,21 @@ def invoke(*args):
 
 def test_cli_pool_mean_inspect_and_plan(tmp_path):
     out = tmp_path / "mean.safetensors"
-    result = invoke("images", SAMPLE_IMAGES, "--model", SAMPLE_MODEL, "-o", out, "--pool", "mean", "-q",
-                    "--max-soft-tokens", "140", "--batch-size", "3")
+    result = invoke(
+        "images",
+        SAMPLE_IMAGES,
+        "--model",
+        SAMPLE_MODEL,
+        "-o",
+        out,
+        "--pool",
+        "mean",
+        "-q",
+        "--max-soft-tokens",
+        "140",
+        "--batch-size",
+        "3",
+    )
     assert result.exit_code == 0
     rows = gemma_embed.load(out)
     assert all(t.shape == (1, 32) and t.dtype == torch.float32 for t in rows.values())
@@ -84,11 +106,14 @@ def test_cli_pool_mean_inspect_and_plan(tmp_path):
     assert all(b["chunk"] >= 1 and b["cost_per_unit"] > 0 for b in plan["buckets"])
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--max-soft-tokens", "100"], "max-soft-tokens"),
-    (["--batch-size", "zero"], "batch-size"),
-    (["--dtype", "float64"], "dtype"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--max-soft-tokens", "100"], "max-soft-tokens"),
+        (["--batch-size", "zero"], "batch-size"),
+        (["--dtype", "float64"], "dtype"),
+    ],
+)
 def test_usage_errors_exit_2(tmp_path, args, message):
     result = invoke("images", SAMPLE_IMAGES, "--model", SAMPLE_MODEL, "-o", tmp_path / "x.safetensors", *args)
     assert result.exit_code == 2

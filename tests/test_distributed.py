@@ -50,15 +50,39 @@ def test_torchrun_two_ranks_equals_single_process(tmp_path):
     assert run_images([folder], MODEL, single, max_soft_tokens=70)[0] == 1  # the broken file
     out = tmp_path / "ranks.safetensors"
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
-    proc = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", "29517", "--no-python", EXE,
-                           "images", str(folder), "--model", str(MODEL), "-o", str(out), "--max-soft-tokens", "70",
-                           "--device", "cpu", "-q"],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [
+            torchrun,
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "29517",
+            "--no-python",
+            EXE,
+            "images",
+            str(folder),
+            "--model",
+            str(MODEL),
+            "-o",
+            str(out),
+            "--max-soft-tokens",
+            "70",
+            "--device",
+            "cpu",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode != 0  # one rank saw the broken file: exit 1 there
     assert "broken.png" in proc.stderr or "broken.png" in proc.stdout
     assert (tmp_path / "ranks.index.json").exists()
     assert sorted(p.name for p in tmp_path.glob("ranks-rank*.safetensors")) == [
-        "ranks-rank00000-of-00002.safetensors", "ranks-rank00001-of-00002.safetensors"]
+        "ranks-rank00000-of-00002.safetensors",
+        "ranks-rank00001-of-00002.safetensors",
+    ]
     _assert_same(out, single)
 
 

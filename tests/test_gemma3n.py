@@ -58,8 +58,10 @@ def test_loader_matches_full_model_and_from_pretrained_trap(gemma3n_dir, referen
         assert torch.equal(tower.embed.state_dict()[name], value), name
     # The trap the loader avoids: the sub-model's from_pretrained on the composite folder keeps random weights.
     trap = Gemma3nAudioEncoder.from_pretrained(gemma3n_dir)
-    assert not torch.equal(trap.conformer[0].attention.attn.q_proj.weight,
-                           model.model.audio_tower.conformer[0].attention.attn.q_proj.weight)
+    assert not torch.equal(
+        trap.conformer[0].attention.attn.q_proj.weight,
+        model.model.audio_tower.conformer[0].attention.attn.q_proj.weight,
+    )
 
 
 def test_row_count_matches_the_tower_mask(reference, tower):
@@ -121,11 +123,11 @@ def test_ragged_batch_rows_match_each_clip_alone(tmp_path, monkeypatch, gemma3n_
     batches = record_batches(monkeypatch, Gemma3nAudioTower)
     monkeypatch.setattr(pipeline, "RAGGED_MAX_PADDING", 1.0)
     out = tmp_path / "g3n.safetensors"
-    code, _, err = run_images([tmp_path / "clips"], gemma3n_dir, out, modality="audio",
-                              batch_size=len(CLIP_SECONDS))
+    code, _, err = run_images([tmp_path / "clips"], gemma3n_dir, out, modality="audio", batch_size=len(CLIP_SECONDS))
     assert code == 0, err
-    assert len(batches) == 1 and len({u.length for u in batches[0]}) == len(CLIP_SECONDS), \
-        [[u.length for u in b] for b in batches]
+    assert len(batches) == 1 and len({u.length for u in batches[0]}) == len(CLIP_SECONDS), [
+        [u.length for u in b] for b in batches
+    ]
     result = gemma_embed.load(out)
     for name, samples in clips.items():
         ref = reference_audio_rows(model, extractor, samples, "gemma3n")
@@ -151,9 +153,19 @@ def test_shipped_sample_checkpoint_runs_the_audio_command(tmp_path):
     from gemma_embed.cli import app
 
     out = tmp_path / "samples.safetensors"
-    result = CliRunner().invoke(app, ["audio", str(ROOT / "samples" / "media" / "audio"), "--model",
-                                      str(ROOT / "samples" / "tiny-gemma3n"), "-o", str(out), "-q"],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        app,
+        [
+            "audio",
+            str(ROOT / "samples" / "media" / "audio"),
+            "--model",
+            str(ROOT / "samples" / "tiny-gemma3n"),
+            "-o",
+            str(out),
+            "-q",
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     meta = gemma_embed.read_metadata(out)
     assert meta["model_type"] == "gemma3n" and "Gemma3nAudioFeatureExtractor" in meta["preprocessing"]

@@ -19,11 +19,13 @@ def batch_log(monkeypatch):
 
 @pytest.mark.parametrize("max_soft_tokens", [70, 280])
 @pytest.mark.parametrize("batch_size", [1, 4], ids=["chunk1", "chunk4"])
-def test_rows_match_reference(tmp_path, gemma4_dir, image_dir, reference_model, reference_processor, batch_log,
-                              max_soft_tokens, batch_size):
+def test_rows_match_reference(
+    tmp_path, gemma4_dir, image_dir, reference_model, reference_processor, batch_log, max_soft_tokens, batch_size
+):
     out = tmp_path / "out.safetensors"
-    code, records, err = run_images([image_dir], gemma4_dir, out, max_soft_tokens=max_soft_tokens,
-                                    batch_size=batch_size)
+    code, records, err = run_images(
+        [image_dir], gemma4_dir, out, max_soft_tokens=max_soft_tokens, batch_size=batch_size
+    )
     assert code == 0, err
     result = gemma_embed.load(out)
     assert sorted(result) == sorted(IMAGE_SIZES)
@@ -60,8 +62,9 @@ def test_pool_mean_and_tower_space(tmp_path, gemma4_dir, image_dir, reference_mo
 
 def test_output_dtype_and_metadata(tmp_path, gemma4_dir, image_dir):
     out = tmp_path / "half.safetensors"
-    code, records, _ = run_images([image_dir / "wide.jpg", image_dir / "one.png"], gemma4_dir, out,
-                                  output_dtype="float16", max_soft_tokens=70)
+    code, records, _ = run_images(
+        [image_dir / "wide.jpg", image_dir / "one.png"], gemma4_dir, out, output_dtype="float16", max_soft_tokens=70
+    )
     assert code == 0
     meta = gemma_embed.read_metadata(out)
     assert meta["format"] == "gemma-embed/1" and meta["dtype"] == "float16"
@@ -95,8 +98,9 @@ def test_exif_orientation_is_applied(tmp_path, gemma4_dir):
     assert decode_image(str(path)).size == (240, 320)
 
 
-def test_bfloat16_is_as_close_to_float32_as_transformers_own_bfloat16(tmp_path, gemma4_dir, image_dir,
-                                                                     reference_model, reference_processor):
+def test_bfloat16_is_as_close_to_float32_as_transformers_own_bfloat16(
+    tmp_path, gemma4_dir, image_dir, reference_model, reference_processor
+):
     """--dtype bfloat16 computes in bf16 and adds no error of its own.
 
     The issue's bar (within 1e-2 of float32) is a property of trained weights: on random ones transformers' own

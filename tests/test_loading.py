@@ -169,8 +169,9 @@ def test_peak_rss_far_below_full_load(tmp_path):
     lm_bytes = 262144 * 256 * 4
     peaks = {}
     for mode in ("towers", "full"):
-        proc = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(ckpt), mode], capture_output=True, text=True,
-                              cwd=ROOT, check=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", RSS_SCRIPT, str(ckpt), mode], capture_output=True, text=True, cwd=ROOT, check=True
+        )
         measured = json.loads(proc.stdout.strip().splitlines()[-1])
         peaks[mode] = measured["peak"] - measured["base"]
     assert peaks["full"] > lm_bytes * 0.5, peaks  # the full load really reads the language model
@@ -178,8 +179,9 @@ def test_peak_rss_far_below_full_load(tmp_path):
     print(f"peak RSS growth: towers-only {peaks['towers'] / 2**20:.1f} MiB, full {peaks['full'] / 2**20:.1f} MiB")
 
 
-def test_towers_only_loader_equals_reference_after_relayout(tmp_path, split_checkpoint, reference_model,
-                                                           reference_processor, image_dir):
+def test_towers_only_loader_equals_reference_after_relayout(
+    tmp_path, split_checkpoint, reference_model, reference_processor, image_dir
+):
     from conftest import reference_image_rows
 
     out = tmp_path / "o.safetensors"

@@ -12,8 +12,9 @@ from gemma_embed.memory import BudgetSpec, budget, chunk_size, host_memory, pars
 GIB = 2**30
 
 
-@pytest.mark.parametrize("cost, room", itertools.product([1, 7, 10**6, 3 * 10**8, 2**31 + 1], [0, 5, 10**6, 10**9,
-                                                                                               40 * GIB]))
+@pytest.mark.parametrize(
+    "cost, room", itertools.product([1, 7, 10**6, 3 * 10**8, 2**31 + 1], [0, 5, 10**6, 10**9, 40 * GIB])
+)
 def test_tight_budget_never_exceeded(cost, room):
     n = chunk_size(cost, room)
     assert n >= 1
@@ -107,10 +108,14 @@ def test_device_memory_on_cpu_is_sane():
 # Peak transients measured with the profiler on the CPU (bench/bench_memory.py, recorded in bench/MEMORY.md):
 # (D, I, H, patches, batch, bytes per element, eager, measured MiB).
 MEASURED = [
-    (256, 1024, 4, 630, 4, 4, False, 40.6), (256, 1024, 4, 2520, 2, 4, False, 81.2),
-    (256, 1024, 4, 10080, 1, 4, False, 162.4), (64, 128, 4, 10080, 1, 4, False, 136.8),
-    (768, 3072, 12, 630, 1, 4, False, 29.8), (768, 3072, 12, 2520, 2, 4, False, 238.7),
-    (768, 3072, 12, 2520, 1, 2, False, 74.4), (768, 3072, 12, 10080, 1, 4, False, 477.4),
+    (256, 1024, 4, 630, 4, 4, False, 40.6),
+    (256, 1024, 4, 2520, 2, 4, False, 81.2),
+    (256, 1024, 4, 10080, 1, 4, False, 162.4),
+    (64, 128, 4, 10080, 1, 4, False, 136.8),
+    (768, 3072, 12, 630, 1, 4, False, 29.8),
+    (768, 3072, 12, 2520, 2, 4, False, 238.7),
+    (768, 3072, 12, 2520, 1, 2, False, 74.4),
+    (768, 3072, 12, 10080, 1, 4, False, 477.4),
     (256, 1024, 4, 2520, 1, 4, True, 209.8),
 ]
 

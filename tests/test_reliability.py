@@ -29,10 +29,16 @@ def without_root_privilege() -> list[str]:
     return []
 
 
-def gemma_embed_cmd(*args, stdin: str | bytes | None = None, env: dict | None = None, timeout: float = 180,
-                    prefix: list[str] = ()) -> subprocess.CompletedProcess:
-    return subprocess.run([*prefix, EXE, *map(str, args)], input=stdin, capture_output=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+def gemma_embed_cmd(
+    *args, stdin: str | bytes | None = None, env: dict | None = None, timeout: float = 180, prefix: list[str] = ()
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*prefix, EXE, *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def png_bomb(path: Path, width: int = 30000, height: int = 30000) -> Path:
@@ -44,8 +50,9 @@ def png_bomb(path: Path, width: int = 30000, height: int = 30000) -> Path:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
-                     + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    )
     return path
 
 
@@ -111,8 +118,19 @@ def test_bad_input_matrix(tmp_path, modality):
     listing = b"".join(os.fsencode(str(p)) + b"\0" for p in [good[0], *bad.values(), good[1], good[2]])
     out = tmp_path / "out.safetensors"
     started = time.monotonic()
-    proc = gemma_embed_cmd(modality, "-", "-0", "--model", MODEL, "-o", out, "--jsonl", stdin=listing,
-                           prefix=without_root_privilege(), timeout=240)
+    proc = gemma_embed_cmd(
+        modality,
+        "-",
+        "-0",
+        "--model",
+        MODEL,
+        "-o",
+        out,
+        "--jsonl",
+        stdin=listing,
+        prefix=without_root_privilege(),
+        timeout=240,
+    )
     assert time.monotonic() - started < 240
     stderr = proc.stderr.decode("utf-8", "replace")
     assert proc.returncode == 1, stderr
@@ -149,10 +167,24 @@ def _same_output(a: Path, b: Path) -> None:
 
 
 def _start_and_stop(tmp_path, images, out, sig) -> subprocess.CompletedProcess:
-    args = [EXE, "images", str(images), "--model", str(MODEL), "-o", str(out), "--flush-every", "2",
-            "--batch-size", "1", "--max-soft-tokens", "70"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, DELAY_TEST_ENV: "0.4"})
+    args = [
+        EXE,
+        "images",
+        str(images),
+        "--model",
+        str(MODEL),
+        "-o",
+        str(out),
+        "--flush-every",
+        "2",
+        "--batch-size",
+        "1",
+        "--max-soft-tokens",
+        "70",
+    ]
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, DELAY_TEST_ENV: "0.4"}
+    )
     parts = out.with_name(out.name + ".parts")
     deadline = time.monotonic() + 120
     while len(list(parts.glob("part-*.safetensors"))) < 2:
@@ -168,8 +200,10 @@ def _start_and_stop(tmp_path, images, out, sig) -> subprocess.CompletedProcess:
 def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path, sig):
     images = _images(tmp_path / "images", 12)
     reference = tmp_path / "reference.safetensors"
-    assert gemma_embed_cmd("images", images, "--model", MODEL, "-o", reference, "--max-soft-tokens", "70",
-                           "-q").returncode == 0
+    assert (
+        gemma_embed_cmd("images", images, "--model", MODEL, "-o", reference, "--max-soft-tokens", "70", "-q").returncode
+        == 0
+    )
 
     out = tmp_path / "out.safetensors"
     stopped = _start_and_stop(tmp_path, images, out, sig)
@@ -187,8 +221,9 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path, sig):
     again = gemma_embed_cmd("images", images, "--model", MODEL, "-o", out, "--max-soft-tokens", "70")
     assert again.returncode == 2 and b"--resume" in again.stderr  # never clobbers parts without --resume
 
-    resumed = gemma_embed_cmd("images", images, "--model", MODEL, "-o", out, "--max-soft-tokens", "70",
-                              "--resume", "--jsonl")
+    resumed = gemma_embed_cmd(
+        "images", images, "--model", MODEL, "-o", out, "--max-soft-tokens", "70", "--resume", "--jsonl"
+    )
     assert resumed.returncode == 0, resumed.stderr
     statuses = [json.loads(line).get("status") for line in resumed.stdout.decode().splitlines()]
     assert statuses.count("resumed") == saved and statuses.count("ok") == 12 - saved
@@ -207,8 +242,13 @@ def test_resume_redoes_changed_files_and_adds_new_ones(tmp_path):
     code, records, _ = run_images([images], MODEL, out, max_soft_tokens=70, resume=True, overwrite=False)
     assert code == 0
     status = {r["key"]: r["status"] for r in records if r["type"] == "item"}
-    assert status == {"img00.png": "resumed", "img01.png": "ok", "img02.png": "resumed", "img03.png": "resumed",
-                      "img99.png": "ok"}
+    assert status == {
+        "img00.png": "resumed",
+        "img01.png": "ok",
+        "img02.png": "resumed",
+        "img03.png": "resumed",
+        "img99.png": "ok",
+    }
     fresh = tmp_path / "fresh.safetensors"
     assert run_images([images], MODEL, fresh, max_soft_tokens=70)[0] == 0
     _same_output(out, fresh)
@@ -223,8 +263,10 @@ def test_resume_redoes_changed_files_and_adds_new_ones(tmp_path):
 def small_tmpfs(tmp_path):
     mount = tmp_path / "small"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(mount)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(mount)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here (not root); the in-process full-disk test still runs")
     yield mount
     subprocess.run(["umount", str(mount)], check=False)
@@ -233,8 +275,9 @@ def small_tmpfs(tmp_path):
 def test_full_disk_fails_cleanly(tmp_path, small_tmpfs):
     images = _images(tmp_path / "images", 10)
     out = small_tmpfs / "out.safetensors"
-    proc = gemma_embed_cmd("images", images, "--model", MODEL, "-o", out, "--flush-every", "1",
-                           "--max-soft-tokens", "70")
+    proc = gemma_embed_cmd(
+        "images", images, "--model", MODEL, "-o", out, "--flush-every", "1", "--max-soft-tokens", "70"
+    )
     stderr = proc.stderr.decode()
     assert proc.returncode == 1, stderr
     assert "No space left on device" in stderr and "--resume" in stderr and "Traceback" not in stderr
@@ -249,16 +292,27 @@ def test_full_disk_fails_cleanly(tmp_path, small_tmpfs):
 def test_unwritable_output_folder(tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=16k", "tmpfs", str(folder)],
-                      capture_output=True).returncode == 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=16k", "tmpfs", str(folder)], capture_output=True
+        ).returncode
+        == 0
+    ):
         prefix = []
         cleanup = ["umount", str(folder)]
     else:
         folder.chmod(0o555)
         prefix, cleanup = without_root_privilege(), None
     try:
-        proc = gemma_embed_cmd("images", ROOT / "samples" / "media" / "images", "--model", MODEL, "-o",
-                               folder / "out.safetensors", prefix=prefix)
+        proc = gemma_embed_cmd(
+            "images",
+            ROOT / "samples" / "media" / "images",
+            "--model",
+            MODEL,
+            "-o",
+            folder / "out.safetensors",
+            prefix=prefix,
+        )
         assert proc.returncode == 2
         assert b"cannot write the output here" in proc.stderr
     finally:
@@ -302,12 +356,15 @@ def test_resume_into_a_sharded_output(tmp_path):
     assert run_images([images], MODEL, out, max_soft_tokens=70, shard_size=2)[0] == 0
     assert not out.exists() and (tmp_path / "out.index.json").exists()
     write_image(images / "img05.png", 30, 90, 97)
-    code, records, _ = run_images([images], MODEL, out, max_soft_tokens=70, shard_size=2, resume=True,
-                                  overwrite=False)
+    code, records, _ = run_images([images], MODEL, out, max_soft_tokens=70, shard_size=2, resume=True, overwrite=False)
     assert code == 0 and [r["status"] for r in records if r["type"] == "item"].count("resumed") == 5
     fresh = tmp_path / "fresh.safetensors"
     assert run_images([images], MODEL, fresh, max_soft_tokens=70)[0] == 0
     ra, rb = gemma_embed.load(out), gemma_embed.load(fresh)
     assert list(ra) == list(rb) and all(torch.equal(ra[k], rb[k]) for k in ra)
     assert sorted(p.name for p in tmp_path.glob("out*")) == [
-        "out-00000.safetensors", "out-00001.safetensors", "out-00002.safetensors", "out.index.json"]
+        "out-00000.safetensors",
+        "out-00001.safetensors",
+        "out-00002.safetensors",
+        "out.index.json",
+    ]

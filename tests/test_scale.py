@@ -44,10 +44,25 @@ def test_peak_rss_flat_from_200_to_2000_images(tmp_path):
         listing.write_text("".join(f"{f}\n" for f in files[:count]))
         # A fixed chunk: the tuner may otherwise settle on bigger chunks in a longer run, which is a choice
         # within the memory budget, not growth with the number of files.
-        args = [EXE, "images", "-", "--model", str(MODEL), "-o", str(tmp_path / f"{count}.safetensors"),
-                "--max-soft-tokens", "70", "--flush-every", "100", "--batch-size", "16", "-q"]
-        proc = subprocess.run([sys.executable, "-c", WRAPPER, str(listing), *args], capture_output=True, text=True,
-                              timeout=600)
+        args = [
+            EXE,
+            "images",
+            "-",
+            "--model",
+            str(MODEL),
+            "-o",
+            str(tmp_path / f"{count}.safetensors"),
+            "--max-soft-tokens",
+            "70",
+            "--flush-every",
+            "100",
+            "--batch-size",
+            "16",
+            "-q",
+        ]
+        proc = subprocess.run(
+            [sys.executable, "-c", WRAPPER, str(listing), *args], capture_output=True, text=True, timeout=600
+        )
         result = json.loads(proc.stdout)
         assert result["code"] == 0, result["stderr"]
         assert json.loads(result["stdout"].splitlines()[-1])["ok"] == count

@@ -100,7 +100,11 @@ def test_sharded_output_reads_like_one_file(tmp_path):
     out = writer.close()
     assert out == index_path(tmp_path / "o.safetensors")
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "o-00000.safetensors", "o-00001.safetensors", "o-00002.safetensors", "o.index.json"]
+        "o-00000.safetensors",
+        "o-00001.safetensors",
+        "o-00002.safetensors",
+        "o.index.json",
+    ]
     for path in (tmp_path / "o.safetensors", out):  # either name opens the sharded output
         loaded = gemma_embed.load(path)
         assert list(loaded) == [k for k, _ in items]

@@ -55,21 +55,25 @@ def reference_video_rows(model, processor, path, item_meta: dict, space: str = "
         inputs = processor(videos=[frames], do_sample_frames=False, return_tensors="pt")
         with torch.no_grad():
             out = model.model.get_video_features(
-                pixel_values_videos=inputs["pixel_values_videos"], video_position_ids=inputs["video_position_ids"],
-                num_frames_per_video=inputs["num_frames_per_video"])
+                pixel_values_videos=inputs["pixel_values_videos"],
+                video_position_ids=inputs["video_position_ids"],
+                num_frames_per_video=inputs["num_frames_per_video"],
+            )
         _reference_cache[key] = out.last_hidden_state if space == "tower" else out.pooler_output[0]
     return _reference_cache[key]
 
 
 def items_by_key(path) -> dict[str, dict]:
     meta = gemma_embed.read_metadata(path)
-    return dict(zip(json.loads(meta["keys"]) if isinstance(meta["keys"], str) else meta["keys"],
-                    meta["items"], strict=True))
+    return dict(
+        zip(json.loads(meta["keys"]) if isinstance(meta["keys"], str) else meta["keys"], meta["items"], strict=True)
+    )
 
 
 @pytest.mark.parametrize("batch_size", [None, 5], ids=["auto", "chunk5"])
-def test_every_video_matches_reference(tmp_path, gemma4_dir, video_dir, reference_model, video_processor,
-                                       batch_log, batch_size):
+def test_every_video_matches_reference(
+    tmp_path, gemma4_dir, video_dir, reference_model, video_processor, batch_log, batch_size
+):
     out = tmp_path / "video.safetensors"
     code, records, err = run_images([video_dir], gemma4_dir, out, modality="video", batch_size=batch_size)
     assert code == 0, err
@@ -142,15 +146,30 @@ def test_fps_and_max_frames_options_stdin_and_plan(tmp_path, gemma4_dir, video_d
     assert meta["frame_indices"] == [k * 50 // 4 for k in range(4)] == [0, 12, 25, 37]
     assert meta["timestamps"] == pytest.approx([i / 24 for i in meta["frame_indices"]])
 
-    result = invoke("video", clip, "--model", gemma4_dir, "-o", out, "--overwrite", "--fps", "10",
-                    "--max-frames", "3", "--pool", "frame", "-q")
+    result = invoke(
+        "video",
+        clip,
+        "--model",
+        gemma4_dir,
+        "-o",
+        out,
+        "--overwrite",
+        "--fps",
+        "10",
+        "--max-frames",
+        "3",
+        "--pool",
+        "frame",
+        "-q",
+    )
     assert result.exit_code == 0, result.output
     (meta,) = gemma_embed.read_metadata(out)["items"]
     assert meta["frame_indices"] == [0, 16, 33] and gemma_embed.load(out)[str(clip)].shape == (3, 32)
 
     listing = f"{video_dir / 'short-vp9.webm'}\n{clip}\n"
-    result = runner_with_stdin(["video", "-", "--model", gemma4_dir, "-o", out, "--overwrite", "--max-frames",
-                                "5", "--jsonl"], listing)
+    result = runner_with_stdin(
+        ["video", "-", "--model", gemma4_dir, "-o", out, "--overwrite", "--max-frames", "5", "--jsonl"], listing
+    )
     assert result.exit_code == 0, result.output
     meta = gemma_embed.read_metadata(out)["items"]
     assert [m["frame_indices"] for m in meta] == [[0, 4, 8, 12, 16], [0, 10, 20, 30, 40]]
@@ -187,11 +206,19 @@ def test_installed_command_names_bad_videos_and_writes_the_rest(tmp_path, video_
     write_audio_only(folder / "no-video.mp4")
     data = (video_dir / "vfr-h264.mkv").read_bytes()
     (folder / "truncated.mkv").write_bytes(data[: len(data) // 2])
-    bad = {"empty.mp4": "empty file", "notes.mp4": "not a readable video", "no-video.mp4": "no video stream",
-           "truncated.mkv": "truncated"}
+    bad = {
+        "empty.mp4": "empty file",
+        "notes.mp4": "not a readable video",
+        "no-video.mp4": "no video stream",
+        "truncated.mkv": "truncated",
+    }
     out = tmp_path / "o.safetensors"
-    proc = subprocess.run([EXE, "video", str(folder), "--model", str(SAMPLE_MODEL), "-o", str(out), "--jsonl"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [EXE, "video", str(folder), "--model", str(SAMPLE_MODEL), "-o", str(out), "--jsonl"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

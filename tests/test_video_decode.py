@@ -185,8 +185,10 @@ def broken(tmp_path_factory, videos):
     import av
 
     # An MP4 with its index first (as streamed files are), cut off: the header promises frames that are gone.
-    with av.open(str(videos["clip-h264.mp4"])) as src, av.open(str(folder / "fs.mp4"), "w",
-                                                              options={"movflags": "faststart"}) as dst:
+    with (
+        av.open(str(videos["clip-h264.mp4"])) as src,
+        av.open(str(folder / "fs.mp4"), "w", options={"movflags": "faststart"}) as dst,
+    ):
         out = dst.add_stream_from_template(src.streams.video[0])
         for packet in src.demux(src.streams.video[0]):
             if packet.size:
@@ -196,14 +198,17 @@ def broken(tmp_path_factory, videos):
     return folder
 
 
-@pytest.mark.parametrize("name, message", [
-    ("empty.mp4", "empty file"),
-    ("notes.mp4", "not a readable video"),
-    ("audio-only.mp4", "no video stream (the file has: audio)"),
-    ("cut.mp4", "not a readable video"),
-    ("cut.mkv", "truncated"),
-    ("cut-faststart.mp4", "truncated"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("empty.mp4", "empty file"),
+        ("notes.mp4", "not a readable video"),
+        ("audio-only.mp4", "no video stream (the file has: audio)"),
+        ("cut.mp4", "not a readable video"),
+        ("cut.mkv", "truncated"),
+        ("cut-faststart.mp4", "truncated"),
+    ],
+)
 def test_broken_files_raise_one_line_errors(broken, name, message):
     with pytest.raises(VideoDecodeError) as info:
         decode_video(str(broken / name))

@@ -143,11 +143,13 @@ def _decode_with_pyav(path: str, target_rate: int) -> DecodedAudio:
                     channels = len(frame.layout.channels)
                 resampler.add(_planar_float(frame))
         except av.FFmpegError as exc:
-            raise AudioDecodeError(f"truncated or corrupt {stream.codec_context.name} audio: "
-                                   f"{_one_line(exc)}") from None
+            raise AudioDecodeError(
+                f"truncated or corrupt {stream.codec_context.name} audio: {_one_line(exc)}"
+            ) from None
         if resampler is None:
-            return DecodedAudio(np.zeros(0, np.float32), target_rate, int(stream.rate or 0),
-                                int(stream.channels or 0), "pyav")
+            return DecodedAudio(
+                np.zeros(0, np.float32), target_rate, int(stream.rate or 0), int(stream.channels or 0), "pyav"
+            )
         return DecodedAudio(resampler.finish(), target_rate, int(resampler.source_rate), channels, "pyav")
 
 

@@ -58,8 +58,12 @@ class FramePolicy:
         return self.max_frames if self.fps is not None else self.num_frames
 
 
-def resolve_policy(processor_num_frames: int | None, processor_fps: float | None,
-                   fps: float | None = None, max_frames: int | None = None) -> FramePolicy:
+def resolve_policy(
+    processor_num_frames: int | None,
+    processor_fps: float | None,
+    fps: float | None = None,
+    max_frames: int | None = None,
+) -> FramePolicy:
     """The checkpoint processor's policy, overridden by --fps and --max-frames.
 
     transformers gives `num_frames` priority over `fps` when the processor has both (default_sample_indices_fn);
@@ -112,8 +116,13 @@ def indices_at_times(pts: Sequence[int], end_pts: int, count: int) -> list[int]:
     return sorted(set(picked))
 
 
-def sample_frame_indices(total_frames: int, duration_s: float | Fraction | None, policy: FramePolicy,
-                         pts: Sequence[int] | None = None, end_pts: int | None = None) -> list[int]:
+def sample_frame_indices(
+    total_frames: int,
+    duration_s: float | Fraction | None,
+    policy: FramePolicy,
+    pts: Sequence[int] | None = None,
+    end_pts: int | None = None,
+) -> list[int]:
     """Indices (presentation order) of the frames to embed. With timestamps, rate sampling follows time."""
     count = frames_to_sample(total_frames, duration_s, policy)
     if policy.fps is not None and pts is not None and end_pts is not None and len(pts) == total_frames:
@@ -208,8 +217,9 @@ def probe(container, stream, deadline: _Deadline) -> FrameTable:
         raise VideoDecodeError("the video stream has no frames (empty or truncated)")
     declared = stream.frames or 0
     if corrupt or declared > len(entries):
-        raise VideoDecodeError(f"truncated or corrupt: the header declares {declared or 'more'} frames, "
-                               f"only {len(entries)} are complete")
+        raise VideoDecodeError(
+            f"truncated or corrupt: the header declares {declared or 'more'} frames, only {len(entries)} are complete"
+        )
     if any(e[0] is None for e in entries) or len({e[0] for e in entries}) != len(entries):
         return FrameTable(packets=len(entries), time_base=time_base, pts=None)  # decode will count frames
     entries.sort(key=lambda e: e[0])
@@ -217,8 +227,13 @@ def probe(container, stream, deadline: _Deadline) -> FrameTable:
     steps = [b - a for a, b in zip(pts, pts[1:], strict=False)]
     typical_step = int(statistics.median(steps)) if steps else 1
     end_pts = pts[-1] + (entries[-1][2] or typical_step or 1)
-    table = FrameTable(packets=len(entries), time_base=time_base, pts=pts, end_pts=end_pts,
-                       keyframes=[i for i, e in enumerate(entries) if e[1]])
+    table = FrameTable(
+        packets=len(entries),
+        time_base=time_base,
+        pts=pts,
+        end_pts=end_pts,
+        keyframes=[i for i, e in enumerate(entries) if e[1]],
+    )
     _check_complete(table, _declared_duration(stream), typical_step)
     return table
 
@@ -228,8 +243,10 @@ def _check_complete(table: FrameTable, declared_s: Fraction | None, typical_step
         return
     tolerance = max(3 * typical_step * table.time_base, declared_s / 50)
     if declared_s - table.duration_s > tolerance:
-        raise VideoDecodeError(f"truncated: the header declares {float(declared_s):.3f} s of video, "
-                               f"the file holds {float(table.duration_s):.3f} s")
+        raise VideoDecodeError(
+            f"truncated: the header declares {float(declared_s):.3f} s of video, "
+            f"the file holds {float(table.duration_s):.3f} s"
+        )
 
 
 # ------------------------------------------------------------------------------------------- decoding
@@ -265,8 +282,9 @@ def _rgb(frame) -> np.ndarray:
     return frame.to_ndarray(format="rgb24")
 
 
-def _decode_by_table(container, stream, table: FrameTable, wanted: list[int],
-                     deadline: _Deadline) -> tuple[dict[int, np.ndarray], int, int, int]:
+def _decode_by_table(
+    container, stream, table: FrameTable, wanted: list[int], deadline: _Deadline
+) -> tuple[dict[int, np.ndarray], int, int, int]:
     """Frames at the wanted indices, located by timestamp; seeks ahead where that pays."""
     index_of = {p: i for i, p in enumerate(table.pts)}
     frames: dict[int, np.ndarray] = {}
@@ -297,8 +315,9 @@ def _decode_by_table(container, stream, table: FrameTable, wanted: list[int],
     return frames, rotation, seeks, decoded
 
 
-def _decode_by_count(path: str, wanted: list[int], deadline: _Deadline
-                     ) -> tuple[dict[int, np.ndarray], int, dict[int, float | None], int]:
+def _decode_by_count(
+    path: str, wanted: list[int], deadline: _Deadline
+) -> tuple[dict[int, np.ndarray], int, dict[int, float | None], int]:
     """Frames at the wanted indices counted in output order from the start; their own timestamps."""
     import av
 
@@ -327,8 +346,9 @@ def _decode_by_count(path: str, wanted: list[int], deadline: _Deadline
             raise VideoDecodeError(f"corrupt video stream: {exc.strerror or exc}") from None
     missing = [i for i in wanted if i not in frames]
     if missing:
-        raise VideoDecodeError(f"truncated: frame {missing[0]} cannot be decoded ({len(frames)} of "
-                               f"{len(wanted)} sampled frames decoded)")
+        raise VideoDecodeError(
+            f"truncated: frame {missing[0]} cannot be decoded ({len(frames)} of {len(wanted)} sampled frames decoded)"
+        )
     return frames, rotation, times, index + 1
 
 
@@ -340,8 +360,9 @@ def upright(frames: np.ndarray, rotation: int) -> np.ndarray:
     return np.ascontiguousarray(np.rot90(frames, k=quarter_turns, axes=(1, 2)))
 
 
-def decode_video(path: str, policy: FramePolicy = FramePolicy(), time_limit_s: float = DECODE_TIME_LIMIT_S
-                 ) -> DecodedVideo:
+def decode_video(
+    path: str, policy: FramePolicy = FramePolicy(), time_limit_s: float = DECODE_TIME_LIMIT_S
+) -> DecodedVideo:
     """Sample and decode a video's frames per `policy`; raise VideoDecodeError with a one-line reason."""
     import av
 
@@ -357,19 +378,23 @@ def decode_video(path: str, policy: FramePolicy = FramePolicy(), time_limit_s: f
         average_rate = float(stream.average_rate or stream.guessed_rate or 0)
         width, height = stream.codec_context.width, stream.codec_context.height
     total = table.packets
-    duration = table.duration_s if table.duration_s else (Fraction(total) / Fraction(average_rate)
-                                                          if average_rate else None)
+    duration = (
+        table.duration_s if table.duration_s else (Fraction(total) / Fraction(average_rate) if average_rate else None)
+    )
     wanted = sample_frame_indices(total, duration, policy, table.pts, table.end_pts)
     if len(wanted) * width * height * 3 > MAX_DECODED_BYTES:
-        raise VideoDecodeError(f"{len(wanted)} frames of {width}x{height} exceed {MAX_DECODED_BYTES >> 30} GiB; "
-                               f"sample fewer (--max-frames)")
+        raise VideoDecodeError(
+            f"{len(wanted)} frames of {width}x{height} exceed {MAX_DECODED_BYTES >> 30} GiB; "
+            f"sample fewer (--max-frames)"
+        )
     seeks = decoded = 0
     frames = None
     if table.pts is not None:
         try:
             with _open(path) as container:
-                frames, rotation, seeks, decoded = _decode_by_table(container, _video_stream(container), table,
-                                                                    wanted, deadline)
+                frames, rotation, seeks, decoded = _decode_by_table(
+                    container, _video_stream(container), table, wanted, deadline
+                )
             times = {i: float((table.pts[i] - table.pts[0]) * table.time_base) for i in wanted}
         except _TableMismatch:
             frames = None
@@ -382,7 +407,14 @@ def decode_video(path: str, policy: FramePolicy = FramePolicy(), time_limit_s: f
     except ValueError:
         raise VideoDecodeError("frames change size within the stream") from None
     return DecodedVideo(
-        frames=upright(stacked, rotation), frame_indices=wanted, timestamps=[times[i] for i in wanted],
-        fps=float(total / duration) if duration else average_rate, duration_s=float(duration or 0.0),
-        total_frames=total, rotation=int(rotation), codec=codec, seeks=seeks, frames_decoded=decoded,
+        frames=upright(stacked, rotation),
+        frame_indices=wanted,
+        timestamps=[times[i] for i in wanted],
+        fps=float(total / duration) if duration else average_rate,
+        duration_s=float(duration or 0.0),
+        total_frames=total,
+        rotation=int(rotation),
+        codec=codec,
+        seeks=seeks,
+        frames_decoded=decoded,
     )

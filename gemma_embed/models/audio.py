@@ -42,8 +42,10 @@ def window_bounds(n_samples: int, sample_rate: int, window_s: float) -> list[tup
 def validate_window(window_s: float) -> float:
     window_s = float(window_s)
     if not (0 < window_s <= MAX_WINDOW_S):
-        raise UsageError(f"--window-s {window_s:g}: must be above 0 and at most {MAX_WINDOW_S:g} s "
-                         f"(the feature extractor silently truncates anything longer)")
+        raise UsageError(
+            f"--window-s {window_s:g}: must be above 0 and at most {MAX_WINDOW_S:g} s "
+            f"(the feature extractor silently truncates anything longer)"
+        )
     return window_s
 
 
@@ -61,8 +63,13 @@ class AudioPreparer:
     frames past the end and the reference saw exactly those frames.
     """
 
-    def __init__(self, feature_extractor, rows_for_frames: RowsForFrames, window_s: float = DEFAULT_WINDOW_S,
-                 keep_tail: bool = False):
+    def __init__(
+        self,
+        feature_extractor,
+        rows_for_frames: RowsForFrames,
+        window_s: float = DEFAULT_WINDOW_S,
+        keep_tail: bool = False,
+    ):
         self.extractor = feature_extractor
         self.rows_for_frames = rows_for_frames
         self.window_s = validate_window(window_s)
@@ -70,8 +77,11 @@ class AudioPreparer:
         self.sample_rate = int(feature_extractor.sampling_rate)
 
     def describe(self) -> dict:
-        return {"feature_extractor": type(self.extractor).__name__, "sample_rate": self.sample_rate,
-                "window_s": self.window_s}
+        return {
+            "feature_extractor": type(self.extractor).__name__,
+            "sample_rate": self.sample_rate,
+            "window_s": self.window_s,
+        }
 
     def window_unit(self, samples) -> Unit | None:
         """One unit for one window of samples, or None when it is too short to give a single frame."""
@@ -106,10 +116,16 @@ class AudioPreparer:
                 units.append(unit)
             windows.append({"start_s": start / self.sample_rate, "end_s": end / self.sample_rate, "rows": rows})
         if not units:
-            raise ValueError(f"too short to embed: {len(samples)} samples ({len(samples) / self.sample_rate:.3f} s) "
-                             f"give no feature frame")
-        meta = {"duration_s": round(decoded.duration_s, 6), "sample_rate": decoded.source_rate,
-                "channels": decoded.channels, "decoder": decoded.decoder}
+            raise ValueError(
+                f"too short to embed: {len(samples)} samples ({len(samples) / self.sample_rate:.3f} s) "
+                f"give no feature frame"
+            )
+        meta = {
+            "duration_s": round(decoded.duration_s, 6),
+            "sample_rate": decoded.source_rate,
+            "channels": decoded.channels,
+            "decoder": decoded.decoder,
+        }
         if len(bounds) > 1:
             meta["window_s"] = self.window_s
             meta["windows"] = windows
@@ -124,9 +140,9 @@ def pad_batch(units: list[Unit], device, dtype) -> tuple[torch.Tensor, torch.Ten
     mask = torch.zeros((len(units), longest), dtype=torch.bool, device=device)
     for i, unit in enumerate(units):
         feats = unit.inputs["input_features"]
-        features[i, :unit.length] = feats.to(device=device, dtype=dtype)
+        features[i, : unit.length] = feats.to(device=device, dtype=dtype)
         own = unit.inputs.get("input_features_mask")
-        mask[i, :unit.length] = own.to(device) if own is not None else True
+        mask[i, : unit.length] = own.to(device) if own is not None else True
     return features, mask
 
 

@@ -77,10 +77,22 @@ class Gemma3nAudioTower:
         self.dtype = dtype
         # Gemma3nAudioEncoder.from_pretrained(composite dir) silently keeps random weights (its base prefix is
         # "model"): build it without init and load its tensors strictly instead.
-        self.tower = load_part(checkpoint, "audio_tower", AUDIO_PREFIXES["audio_tower"],
-                               lambda: Gemma3nAudioEncoder(audio_config), dtype, device)
-        self.embed = load_part(checkpoint, "embed_audio", AUDIO_PREFIXES["embed_audio"],
-                               lambda: Gemma3nMultimodalEmbedder(audio_config, text_config), dtype, device)
+        self.tower = load_part(
+            checkpoint,
+            "audio_tower",
+            AUDIO_PREFIXES["audio_tower"],
+            lambda: Gemma3nAudioEncoder(audio_config),
+            dtype,
+            device,
+        )
+        self.embed = load_part(
+            checkpoint,
+            "embed_audio",
+            AUDIO_PREFIXES["embed_audio"],
+            lambda: Gemma3nMultimodalEmbedder(audio_config, text_config),
+            dtype,
+            device,
+        )
         self.output_dims = {"tower": audio_config.hidden_size, "language": text_config.hidden_size}
         self.zero_conv_padding = True  # tests switch it off to show the leak it prevents
 
@@ -89,8 +101,9 @@ class Gemma3nAudioTower:
 
     def unit_cost(self, length: int) -> int:
         channels = self.config.sscp_conv_channel_size[0]
-        return gemma3n_audio_item_cost(length, channels, self.config.input_feat_size,
-                                       torch.empty((), dtype=self.dtype).element_size())
+        return gemma3n_audio_item_cost(
+            length, channels, self.config.input_feat_size, torch.empty((), dtype=self.dtype).element_size()
+        )
 
     @contextlib.contextmanager
     def _first_conv_output_cut(self, units: list[Unit]):
@@ -102,8 +115,10 @@ class Gemma3nAudioTower:
 
         def cut(_module, args):
             (hidden,) = args  # (B, C, T, F)
-            keep = torch.arange(hidden.shape[2], device=hidden.device)[None, :] < torch.tensor(
-                lengths, device=hidden.device)[:, None]
+            keep = (
+                torch.arange(hidden.shape[2], device=hidden.device)[None, :]
+                < torch.tensor(lengths, device=hidden.device)[:, None]
+            )
             return (hidden * keep[:, None, :, None].to(hidden.dtype),)
 
         handle = self.tower.subsample_conv_projection.conv_1.register_forward_pre_hook(cut)

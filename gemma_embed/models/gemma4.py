@@ -29,18 +29,33 @@ class Gemma4VisionTower:
         self.config = vision_config
         self.device = torch.device(device)
         self.dtype = dtype
-        self.tower = load_part(checkpoint, "vision_tower", VISION_PREFIXES["vision_tower"],
-                               lambda: Gemma4VisionModel(vision_config), dtype, device)
-        self.embed = load_part(checkpoint, "embed_vision", VISION_PREFIXES["embed_vision"],
-                               lambda: Gemma4MultimodalEmbedder(vision_config, text_config), dtype, device)
-        self.pool_area = vision_config.pooling_kernel_size ** 2
+        self.tower = load_part(
+            checkpoint,
+            "vision_tower",
+            VISION_PREFIXES["vision_tower"],
+            lambda: Gemma4VisionModel(vision_config),
+            dtype,
+            device,
+        )
+        self.embed = load_part(
+            checkpoint,
+            "embed_vision",
+            VISION_PREFIXES["embed_vision"],
+            lambda: Gemma4MultimodalEmbedder(vision_config, text_config),
+            dtype,
+            device,
+        )
+        self.pool_area = vision_config.pooling_kernel_size**2
         self.output_dims = {"tower": vision_config.hidden_size, "language": text_config.hidden_size}
 
     def unit_cost(self, length: int) -> int:
         cfg = self.config
         return vision_item_cost(
-            patches=length, hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
-            heads=cfg.num_attention_heads, bytes_per_element=torch.empty((), dtype=self.dtype).element_size(),
+            patches=length,
+            hidden=cfg.hidden_size,
+            intermediate=cfg.intermediate_size,
+            heads=cfg.num_attention_heads,
+            bytes_per_element=torch.empty((), dtype=self.dtype).element_size(),
             pooling_kernel=cfg.pooling_kernel_size,
             materialises_scores=cfg._attn_implementation == "eager",
         )
@@ -66,8 +81,13 @@ def trim_vision_inputs(pixel_values: torch.Tensor, position_ids: torch.Tensor, p
         # The processor puts real patches first; verify rather than assume, since slicing relies on it.
         if not bool(valid[:n].all()):
             raise ValueError("processor output has padding patches before real ones")
-        units.append(Unit(inputs={"pixel_values": pixels[:n].contiguous(), "position_ids": positions[:n].contiguous()},
-                          length=n, rows=n // pool_area))
+        units.append(
+            Unit(
+                inputs={"pixel_values": pixels[:n].contiguous(), "position_ids": positions[:n].contiguous()},
+                length=n,
+                rows=n // pool_area,
+            )
+        )
     return units
 
 
@@ -81,8 +101,7 @@ class _VisionPreparer:
 
     def __init__(self, checkpoint: Checkpoint, max_soft_tokens: int | None = None):
         self.processor = load_processor(checkpoint, self.auto_class, self.what)
-        self.max_soft_tokens = int(max_soft_tokens or getattr(self.processor, "max_soft_tokens",
-                                                              self.default_budget))
+        self.max_soft_tokens = int(max_soft_tokens or getattr(self.processor, "max_soft_tokens", self.default_budget))
         vision_config = getattr(checkpoint.config, "vision_config", None)
         self.pool_area = (vision_config.pooling_kernel_size if vision_config else 3) ** 2
         self.patch_size = getattr(self.processor, "patch_size", 16)
@@ -112,8 +131,10 @@ class Gemma4ImagePreparer(_VisionPreparer):
 def resized_size(unit: Unit, patch_size: int) -> dict:
     """The size the processor resized to, read back from the unit's patch grid."""
     positions = unit.inputs["position_ids"]
-    return {"resized_width": (int(positions[:, 0].max()) + 1) * patch_size,
-            "resized_height": (int(positions[:, 1].max()) + 1) * patch_size}
+    return {
+        "resized_width": (int(positions[:, 0].max()) + 1) * patch_size,
+        "resized_height": (int(positions[:, 1].max()) + 1) * patch_size,
+    }
 
 
 class Gemma4VideoPreparer(_VisionPreparer):
@@ -132,12 +153,17 @@ class Gemma4VideoPreparer(_VisionPreparer):
         self.fps = getattr(self.processor, "fps", None)
 
     def describe(self) -> dict:
-        return {"processor": type(self.processor).__name__, "max_soft_tokens": self.max_soft_tokens,
-                "num_frames": self.num_frames, "fps": self.fps}
+        return {
+            "processor": type(self.processor).__name__,
+            "max_soft_tokens": self.max_soft_tokens,
+            "num_frames": self.num_frames,
+            "fps": self.fps,
+        }
 
     def prepare(self, video) -> PreparedItem:
-        out = self.processor(videos=[video.frames], do_sample_frames=False, return_tensors="pt",
-                             max_soft_tokens=self.max_soft_tokens)
+        out = self.processor(
+            videos=[video.frames], do_sample_frames=False, return_tensors="pt", max_soft_tokens=self.max_soft_tokens
+        )
         units = trim_vision_inputs(out["pixel_values_videos"], out["video_position_ids"], self.pool_area)
         rows_per_frame = units[0].rows  # one resize per video: every frame has the same grid
         meta = {

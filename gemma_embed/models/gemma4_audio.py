@@ -43,10 +43,22 @@ class Gemma4AudioTower:
         self.config = audio_config
         self.device = torch.device(device)
         self.dtype = dtype
-        self.tower = load_part(checkpoint, "audio_tower", AUDIO_PREFIXES["audio_tower"],
-                               lambda: Gemma4AudioModel(audio_config), dtype, device)
-        self.embed = load_part(checkpoint, "embed_audio", AUDIO_PREFIXES["embed_audio"],
-                               lambda: Gemma4MultimodalEmbedder(audio_config, text_config), dtype, device)
+        self.tower = load_part(
+            checkpoint,
+            "audio_tower",
+            AUDIO_PREFIXES["audio_tower"],
+            lambda: Gemma4AudioModel(audio_config),
+            dtype,
+            device,
+        )
+        self.embed = load_part(
+            checkpoint,
+            "embed_audio",
+            AUDIO_PREFIXES["embed_audio"],
+            lambda: Gemma4MultimodalEmbedder(audio_config, text_config),
+            dtype,
+            device,
+        )
         self.output_dims = {"tower": audio_config.output_proj_dims, "language": text_config.hidden_size}
 
     def unit_cost(self, length: int) -> int:

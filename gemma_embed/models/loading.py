@@ -50,8 +50,9 @@ def _hub_download(repo_id: str, filename: str, revision: str | None, optional: b
     try:
         return hf_hub_download(repo_id, filename, revision=revision)
     except RepositoryNotFoundError as exc:
-        raise CheckpointError(f"{repo_id}: no such model on the hub (or it is gated; log in with `hf auth login`)") \
-            from exc
+        raise CheckpointError(
+            f"{repo_id}: no such model on the hub (or it is gated; log in with `hf auth login`)"
+        ) from exc
     except LocalEntryNotFoundError as exc:
         if optional:
             return None
@@ -108,8 +109,9 @@ def resolve_checkpoint(model: str, revision: str | None = None) -> Checkpoint:
 
         with safe_open(str(single), framework="pt") as fh:
             weight_map = {key: SINGLE_FILE for key in fh.keys()}
-    return Checkpoint(source=model, revision=revision, folder=folder, config=config, weight_map=weight_map,
-                      is_local=is_local)
+    return Checkpoint(
+        source=model, revision=revision, folder=folder, config=config, weight_map=weight_map, is_local=is_local
+    )
 
 
 def find_prefix(checkpoint: Checkpoint, candidates: Iterable[str]) -> str | None:
@@ -135,7 +137,7 @@ def read_tensors(checkpoint: Checkpoint, prefix: str) -> dict:
         try:
             with safe_open(str(path), framework="pt") as fh:
                 for key in keys:
-                    tensors[key[len(prefix):]] = fh.get_tensor(key)
+                    tensors[key[len(prefix) :]] = fh.get_tensor(key)
         except OSError as exc:
             raise CheckpointError(f"{checkpoint.source}: cannot read {filename}: {exc}") from exc
     return tensors
@@ -151,12 +153,15 @@ def load_module(module, tensors: dict, where: str, dtype, device):
     if missing:
         raise CheckpointError(f"{where}: checkpoint lacks tensor {missing[0]!r} ({len(missing)} missing)")
     if unexpected:
-        raise CheckpointError(f"{where}: checkpoint has unexpected tensor {unexpected[0]!r} "
-                              f"({len(unexpected)} unexpected)")
+        raise CheckpointError(
+            f"{where}: checkpoint has unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected)"
+        )
     for key, value in tensors.items():
         if tuple(value.shape) != tuple(expected[key].shape):
-            raise CheckpointError(f"{where}: tensor {key!r} has shape {tuple(value.shape)}, "
-                                  f"the config expects {tuple(expected[key].shape)}")
+            raise CheckpointError(
+                f"{where}: tensor {key!r} has shape {tuple(value.shape)}, "
+                f"the config expects {tuple(expected[key].shape)}"
+            )
     module.load_state_dict(tensors, strict=True)
     module.to(device=torch.device(device), dtype=dtype)
     return module.eval().requires_grad_(False)
@@ -180,8 +185,10 @@ def tower_configs(checkpoint: Checkpoint, tower: str) -> tuple:
     tower_config = getattr(config, f"{tower}_config", None)
     text_config = getattr(config, "text_config", None)
     if tower_config is None or text_config is None:
-        raise CheckpointError(f"{checkpoint.source}: this checkpoint has no {tower} tower (no {tower}_config); "
-                              f"model type {getattr(config, 'model_type', '?')}")
+        raise CheckpointError(
+            f"{checkpoint.source}: this checkpoint has no {tower} tower (no {tower}_config); "
+            f"model type {getattr(config, 'model_type', '?')}"
+        )
     return tower_config, text_config
 
 
@@ -189,8 +196,9 @@ def load_part(checkpoint: Checkpoint, name: str, prefixes: tuple[str, ...], fact
     """Build one module without init and fill it strictly from the tensors under the first prefix present."""
     prefix = find_prefix(checkpoint, prefixes)
     if prefix is None:
-        raise CheckpointError(f"{checkpoint.source}: no {name} tensors in the checkpoint "
-                              f"(looked for {' or '.join(prefixes)})")
+        raise CheckpointError(
+            f"{checkpoint.source}: no {name} tensors in the checkpoint (looked for {' or '.join(prefixes)})"
+        )
     return load_module(build_without_init(factory), read_tensors(checkpoint, prefix), prefix, dtype, device)
 
 
