@@ -1,17 +1,49 @@
-"""gemma-embed: Gemma encoder-tower embeddings for large piles of media."""
+"""gemma-embed: Gemma encoder-tower embeddings for large piles of media.
+
+From Python, describe a run with `RunConfig` (the same options as the command line, same defaults) and call
+`run`; it returns a `RunResult`. Read outputs with `load`, `iter_items` and `read_metadata`:
+
+    import gemma_embed
+
+    result = gemma_embed.run(gemma_embed.RunConfig(
+        modality="images", inputs=["photos/"], model="google/gemma-4-e2b-it", output="photos.safetensors"))
+    print(result.ok, result.failed, result.output)
+
+    rows = gemma_embed.load("photos.safetensors")            # {key: Tensor[rows, D]}, input order
+    for key, tensor, item in gemma_embed.iter_items("photos.safetensors"):   # one item at a time
+        ...
+    meta = gemma_embed.read_metadata("photos.safetensors")   # header, keys and items; no tensors read
+
+`run` prints nothing unless given a `progress.Reporter`; bad items are failure records in the result, not
+exceptions. `errors.UsageError` means the run could not start, `errors.RunError` that it could not write.
+"""
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 FORMAT = "gemma-embed/1"
 
-__all__ = ["FORMAT", "__version__", "load", "iter_items", "read_metadata"]
+# The library face. Names are resolved on first use: the runner and reader import torch, and
+# `import gemma_embed` (so `gemma-embed --help`) must stay instant.
+_LAZY = {
+    "run": "gemma_embed.pipeline",
+    "RunConfig": "gemma_embed.config",
+    "RunResult": "gemma_embed.result",
+    "load": "gemma_embed.store",
+    "iter_items": "gemma_embed.store",
+    "read_metadata": "gemma_embed.store",
+}
+
+__all__ = ["FORMAT", "__version__", *_LAZY]
 
 
 def __getattr__(name: str):
-    # The reader pulls in torch; keep `import gemma_embed` (and so `gemma-embed --help`) instant.
-    if name in ("load", "iter_items", "read_metadata"):
-        from gemma_embed import store
+    if name in _LAZY:
+        import importlib
 
-        return getattr(store, name)
-    raise AttributeError(name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'gemma_embed' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,22 +1,21 @@
-"""Several processes, one result: torchrun ranks or scheduler array tasks each take a deterministic slice.
+"""Several processes, one result: who takes which items, and who writes the index that joins them.
 
-Item i of the input (in input order) belongs to slice i % count. Each slice writes its own output
-(`OUT-rank00001-of-00004.safetensors`, with its own parts, so --resume works per slice) and a small manifest of
-its items' input positions. When every slice is done, one index `OUT.index.json` lists all slices' files with
-the keys in input order, and `gemma_embed.load(OUT)` reads it as if one process had written everything.
-Under torchrun, rank 0 writes the index after a barrier; array tasks (--num-shards/--shard-index) have no barrier,
-so whichever task finds every slice done writes it (the content is the same whoever writes it).
+Item i of the input (in input order) belongs to slice i % count. A slice is a torchrun rank or a scheduler
+array task (`--num-slices K --slice-index I`). Each slice writes its own output with its own parts (so
+--resume works per slice) and a manifest of its items' input positions; when every slice is done, one
+`OUT.index.json` joins them and `gemma_embed.load(OUT)` reads it as if one process had written everything.
+Under torchrun, rank 0 writes the index after a barrier; array tasks have no barrier, so whichever task finds
+every slice done writes it (the content is the same whoever writes it). File layouts are `store.py`'s.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gemma_embed import FORMAT
+from gemma_embed import store
 from gemma_embed.errors import UsageError
 
 
@@ -31,13 +30,17 @@ class Slice:
     def is_split(self) -> bool:
         return self.count > 1
 
+    def output(self, output: Path) -> Path:
+        """This slice's own output file."""
+        return store.slice_path(output, self.index, self.count)
 
-def current_slice(num_shards: int | None = None, shard_index: int | None = None) -> Slice:
-    """From --num-shards/--shard-index, else torchrun's RANK/WORLD_SIZE/LOCAL_RANK, else one slice."""
-    if num_shards is not None or shard_index is not None:
-        if num_shards is None or shard_index is None or not 0 <= shard_index < num_shards:
-            raise UsageError("--num-shards N and --shard-index I go together, with 0 <= I < N")
-        return Slice(shard_index, num_shards)
+
+def current_slice(num_slices: int | None = None, slice_index: int | None = None) -> Slice:
+    """From --num-slices/--slice-index, else torchrun's RANK/WORLD_SIZE/LOCAL_RANK, else one slice."""
+    if num_slices is not None or slice_index is not None:
+        if num_slices is None or slice_index is None or not 0 <= slice_index < num_slices:
+            raise UsageError("--num-slices N and --slice-index I go together, with 0 <= I < N")
+        return Slice(slice_index, num_slices)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         return Slice(int(os.environ["RANK"]), world, torchrun=True, local_rank=int(os.environ.get("LOCAL_RANK", 0)))
@@ -47,24 +50,6 @@ def current_slice(num_shards: int | None = None, shard_index: int | None = None)
 def take(sources: Iterable, part: Slice) -> Iterator:
     """This slice's sources (by their input position), lazily."""
     return (source for source in sources if source.position % part.count == part.index)
-
-
-def slice_output(output: Path, part: Slice) -> Path:
-    if not part.is_split:
-        return Path(output)
-    output = Path(output)
-    stem = output.name.removesuffix(".safetensors")
-    return output.with_name(f"{stem}-rank{part.index:05d}-of-{part.count:05d}.safetensors")
-
-
-def manifest_path(slice_out: Path) -> Path:
-    return slice_out.with_name(slice_out.name.removesuffix(".safetensors") + ".positions.json")
-
-
-def write_manifest(slice_out: Path, positions: dict[str, int]) -> None:
-    from gemma_embed.store import _atomic_text
-
-    _atomic_text(manifest_path(slice_out), json.dumps(positions, ensure_ascii=True))
 
 
 def barrier() -> None:
@@ -83,30 +68,17 @@ def finish_group() -> None:
         dist.destroy_process_group()
 
 
-def merge_index(output: Path, count: int) -> Path | None:
-    """Write OUT.index.json over every slice's files, keys in input order; None while a slice is unfinished."""
-    from gemma_embed.store import _atomic_text, _read_header, index_path, output_files
-
-    output = Path(output)
-    shards: list[Path] = []
-    located: list[tuple[int, str, int]] = []  # (input position, key, shard number)
-    for index in range(count):
-        out = slice_output(output, Slice(index, count))
-        manifest = manifest_path(out)
-        files = output_files(out)
-        if not files or not manifest.exists():
-            return None
-        positions = json.loads(manifest.read_text())
-        for file in files:
-            for key in json.loads(_read_header(file)["keys"]):
-                located.append((positions[key], key, len(shards)))
-            shards.append(file)
-    located.sort()
-    index = {
-        "format": FORMAT,
-        "shards": [os.path.relpath(f, output.parent) for f in shards],
-        "keys": {key: shard for _, key, shard in located},
-    }
-    path = index_path(output)
-    _atomic_text(path, json.dumps(index, ensure_ascii=True))
-    return path
+def finish_slice(output: Path, part: Slice, positions: dict[str, int], note: Callable[[str], None]) -> Path | None:
+    """Record this slice's input positions, then let the right process join all slices: rank 0 after a
+    barrier, or whichever array task finds every slice done. Returns the index if this process wrote it."""
+    store.guarded_write(lambda: store.write_manifest(part.output(output), positions), part.output(output))
+    if part.torchrun:
+        barrier()
+        merged = store.merge_slices(output, part.count) if part.index == 0 else None
+        barrier()  # nobody exits (and lets torchrun tear the group down) before the index exists
+        finish_group()
+        return merged
+    merged = store.merge_slices(output, part.count)
+    if merged is None:
+        note(f"slice {part.index} of {part.count} done; the last slice to finish writes the index")
+    return merged

@@ -1,24 +1,22 @@
-"""Encode stage: run groups of units on the device in memory-planned chunks, with out-of-memory back-off."""
+"""Encode stage: group the units of prepared items, run each group on the device in memory-planned chunks
+with out-of-memory back-off, and give every item its rows back."""
 
 from __future__ import annotations
 
-import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from gemma_embed import memory
-from gemma_embed.batching import Group
+from gemma_embed.batching import Group, exact_buckets, ragged_groups
 from gemma_embed.errors import ItemError
-from gemma_embed.models.base import Tower, Unit
+from gemma_embed.models.base import PreparedItem, Tower, Unit
 from gemma_embed.tuning import ChunkTuner
 
-# Test hooks, read from the environment so they reach a real `gemma-embed` process: raise an out-of-memory error
-# for any chunk larger than N (exercises the back-off on a CPU); sleep before each chunk (lets a test kill a run
-# midway, deterministically).
-OOM_TEST_ENV = "GEMMA_EMBED_TEST_OOM_ABOVE"
-DELAY_TEST_ENV = "GEMMA_EMBED_TEST_ENCODE_DELAY_S"
+# Ragged groups (audio) close when padding them to their longest unit would waste more than this share.
+RAGGED_MAX_PADDING = 0.25
 
 
 @dataclass(frozen=True)
@@ -58,9 +56,6 @@ class Engine:
         self.tuner = ChunkTuner() if batch_cap is None else None
         self.backoffs = 0
         self.should_stop = should_stop or (lambda: None)  # raises to stop between chunks
-        hook = os.environ.get(OOM_TEST_ENV)
-        self.oom_above: int | None = int(hook) if hook else None
-        self.test_delay = float(os.environ.get(DELAY_TEST_ENV) or 0)
 
     def plan(self, length: int) -> ChunkPlan:
         """Chunk size for units of this length, from the device's memory as it is now."""
@@ -69,11 +64,13 @@ class Engine:
         budget = memory.budget(free, total, self.budget_spec)
         return ChunkPlan(length, cost, free, total, budget, memory.chunk_size(cost, budget, self.batch_cap))
 
+    def grouping(self) -> Callable[[list[int]], list[Group]]:
+        """How units may share a batch: equal lengths only (vision), or ragged with capped padding (audio)."""
+        if self.tower.grouping == "exact":
+            return exact_buckets
+        return lambda lengths: ragged_groups(lengths, RAGGED_MAX_PADDING)
+
     def _encode(self, batch: list[Unit]) -> list[torch.Tensor]:
-        if self.test_delay:
-            time.sleep(self.test_delay)
-        if self.oom_above is not None and len(batch) > self.oom_above:
-            raise torch.OutOfMemoryError(f"injected out-of-memory for a chunk of {len(batch)}")
         device = self.tower.device
         measure = device.type == "cuda"
         if measure:
@@ -147,3 +144,31 @@ class Engine:
         except Exception as exc:  # noqa: BLE001
             self._free_cache()
             return {i: ItemError.wrap(keys[i], "encode", exc)}
+
+
+def encode_items(engine: Engine, items: list[PreparedItem | None], keys: list[str]) -> list:
+    """Rows per item (a tensor, an ItemError, or None where `items` has None), all units of all items batched
+    together by the engine's grouping."""
+    units: list[Unit] = []
+    unit_keys: list[str] = []
+    for index, item in enumerate(items):
+        if item is None:
+            continue
+        for unit in item.units:
+            unit.item = index
+            units.append(unit)
+            unit_keys.append(keys[index])
+    unit_rows: dict[int, torch.Tensor | ItemError] = {}
+    for group in engine.grouping()([u.length for u in units]):
+        unit_rows.update(engine.run(units, group, unit_keys))
+    per_item: list[list] = [[] for _ in items]
+    for i, unit in enumerate(units):
+        per_item[unit.item].append(unit_rows[i])
+    results: list = []
+    for item, parts in zip(items, per_item, strict=True):
+        if item is None:
+            results.append(None)
+            continue
+        failed = next((r for r in parts if isinstance(r, ItemError)), None)
+        results.append(failed if failed else torch.cat(parts) if parts else None)
+    return results

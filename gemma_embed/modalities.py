@@ -1,6 +1,6 @@
 """What differs between images, video and audio: how a file is decoded, and which preparer and tower run.
 
-The pipeline asks `build_modality` for one of these and never branches on the modality itself.
+The pipeline asks `build_modality` for a `ModalityStages` and never branches on the modality itself.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from gemma_embed.config import RunConfig
+from gemma_embed.config import Pool, RunConfig
 from gemma_embed.errors import UsageError
 from gemma_embed.models.base import Preparer, Tower
 
@@ -20,37 +20,30 @@ VIDEO_WINDOW_FRAMES = 512
 
 
 @dataclass
-class Modality:
+class ModalityStages:
+    """The decode, prepare and encode stages of one modality, ready to run."""
+
     name: str
     decode: Callable[[str], Any]  # path -> decoded media; raises with a one-line reason
     preparer: Preparer
     tower: Tower
-    pools: tuple[str, ...] = ("none", "mean")  # the --pool values that make sense for these items
+    pools: tuple[Pool, ...] = (Pool.none, Pool.mean)  # the --pool values that make sense for these items
     window_items: int | None = None  # items decoded and prepared together; None: the pipeline's default
 
 
-def _images(config: RunConfig, checkpoint, device, dtype) -> Modality:
+def _images(config: RunConfig, checkpoint, device, dtype) -> ModalityStages:
     from gemma_embed.media.image import decode_image
     from gemma_embed.models.gemma4 import Gemma4ImagePreparer, Gemma4VisionTower
 
     preparer = Gemma4ImagePreparer(checkpoint, config.max_soft_tokens)
-    return Modality("images", decode_image, preparer, Gemma4VisionTower(checkpoint, device, dtype))
+    return ModalityStages("images", decode_image, preparer, Gemma4VisionTower(checkpoint, device, dtype))
 
 
-def _audio(config: RunConfig, checkpoint, device, dtype) -> Modality:
+def _audio(config: RunConfig, checkpoint, device, dtype) -> ModalityStages:
     """Gemma 4 (and towers that reuse its audio encoder) or Gemma 3n, by the checkpoint's audio config."""
-    from functools import partial
-
     from gemma_embed.media.audio import decode_audio
-    from gemma_embed.models.audio import (
-        DEFAULT_WINDOW_S,
-        AudioPreparer,
-        audio_sub_configs,
-        load_feature_extractor,
-        validate_window,
-    )
+    from gemma_embed.models.audio import AudioPreparer, audio_sub_configs, load_feature_extractor
 
-    window_s = validate_window(config.extra.get("window_s", DEFAULT_WINDOW_S))
     audio_config, _ = audio_sub_configs(checkpoint)
     family = getattr(audio_config, "model_type", "")
     if family == "gemma3n_audio":
@@ -68,49 +61,44 @@ def _audio(config: RunConfig, checkpoint, device, dtype) -> Modality:
             f"{checkpoint.source}: no audio support for model type "
             f"{getattr(checkpoint.config, 'model_type', '?')} (audio tower {family or '?'})"
         )
-    preparer = AudioPreparer(load_feature_extractor(checkpoint), rows_for_frames, window_s, keep_tail)
+    preparer = AudioPreparer(load_feature_extractor(checkpoint), rows_for_frames, config.window_s, keep_tail)
     decode = partial(decode_audio, sample_rate=preparer.sample_rate)
-    return Modality("audio", decode, preparer, tower)
+    return ModalityStages("audio", decode, preparer, tower)
 
 
-def _video(config: RunConfig, checkpoint, device, dtype) -> Modality:
+def _video(config: RunConfig, checkpoint, device, dtype) -> ModalityStages:
     from gemma_embed.media.video import decode_video, resolve_policy
     from gemma_embed.models.gemma4 import Gemma4VideoPreparer, Gemma4VisionTower
 
-    fps, max_frames = config.extra.get("fps"), config.extra.get("max_frames")
-    if fps is not None and not fps > 0:
-        raise UsageError(f"--fps must be positive, got {fps}")
-    if max_frames is not None and max_frames < 1:
-        raise UsageError(f"--max-frames must be at least 1, got {max_frames}")
     preparer = Gemma4VideoPreparer(checkpoint, config.max_soft_tokens)
-    policy = resolve_policy(preparer.num_frames, preparer.fps, fps=fps, max_frames=max_frames)
+    policy = resolve_policy(preparer.num_frames, preparer.fps, fps=config.fps, max_frames=config.max_frames)
     window = max(1, VIDEO_WINDOW_FRAMES // (policy.most_frames or VIDEO_WINDOW_FRAMES))
     # Frames are images to the vision tower: the same tower class, so frames share the image path's buckets.
-    return Modality(
+    return ModalityStages(
         "video",
         partial(decode_video, policy=policy),
         preparer,
         Gemma4VisionTower(checkpoint, device, dtype),
-        pools=("none", "mean", "frame"),
+        pools=(Pool.none, Pool.mean, Pool.frame),
         window_items=window,
     )
 
 
-BUILDERS: dict[str, Callable[..., Modality]] = {
+BUILDERS: dict[str, Callable[..., ModalityStages]] = {
     "images": _images,
     "audio": _audio,
     "video": _video,
 }
 
 
-def build_modality(config: RunConfig, checkpoint, device, dtype) -> Modality:
+def build_modality(config: RunConfig, checkpoint, device, dtype) -> ModalityStages:
     try:
         builder = BUILDERS[config.modality]
     except KeyError:
         raise UsageError(f"modality {config.modality!r} is not supported") from None
-    modality = builder(config, checkpoint, device, dtype)
-    if config.pool not in modality.pools:
+    stages = builder(config, checkpoint, device, dtype)
+    if config.pool not in stages.pools:
         raise UsageError(
-            f"--pool {config.pool} does not apply to {config.modality} (choose {', '.join(modality.pools)})"
+            f"--pool {config.pool} does not apply to {config.modality} (choose {', '.join(map(str, stages.pools))})"
         )
-    return modality
+    return stages

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from typing import IO
 
 from gemma_embed.errors import ItemError
+from gemma_embed.result import RunResult
 
 
 def printable(text: str) -> str:
@@ -30,6 +30,11 @@ def _human_bytes(n: float | None) -> str:
 
 
 class Reporter:
+    """Renders a run's events and its `RunResult`; it counts nothing itself.
+
+    `emit_json=False` keeps stdout silent too (the library's default: a Python caller gets the RunResult).
+    """
+
     def __init__(
         self,
         quiet: bool = False,
@@ -38,26 +43,28 @@ class Reporter:
         stderr: IO[str] | None = None,
         live: bool | None = None,
         debug: bool = False,
+        emit_json: bool = True,
     ):
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         self.quiet = quiet
-        self.jsonl = jsonl
+        self.jsonl = jsonl and emit_json
+        self.emit_json = emit_json
         self.debug = debug
         self.live = (not quiet) and (self.stderr.isatty() if live is None else live)
-        self.ok = 0
-        self.failed = 0
-        self.resumed = 0
-        self.rows = 0
-        self.failures: list[dict] = []
-        self.started = time.monotonic()
+        self.result: RunResult | None = None
         self._progress = None
         self._task = None
         self._status = ""
 
+    @classmethod
+    def silent(cls) -> Reporter:
+        """Nothing on stderr or stdout: for library callers, who read the returned RunResult."""
+        return cls(quiet=True, emit_json=False)
+
     # ------------------------------------------------------------------------------------------ lifecycle
-    def start(self, description: str, total: int | None = None) -> None:
-        self.started = time.monotonic()
+    def start(self, description: str, result: RunResult, total: int | None = None) -> None:
+        self.result = result
         if not self.live:
             return
         from rich.console import Console
@@ -89,11 +96,12 @@ class Reporter:
             self._progress.update(self._task, total=total)
 
     def _advance(self) -> None:
-        if self._progress is None:
+        if self._progress is None or self.result is None:
             return
-        elapsed = max(1e-9, time.monotonic() - self.started)
-        done = self.ok + self.failed
-        status = self._status + (f" [red]{self.failed} failed[/]" if self.failed else "")
+        result = self.result
+        elapsed = max(1e-9, result.elapsed)
+        done = result.ok + result.failed
+        status = self._status + (f" [red]{result.failed} failed[/]" if result.failed else "")
         self._progress.update(self._task, completed=done, rate=f"{done / elapsed:.1f} items/s", status=status)
 
     def _err(self, line: str) -> None:
@@ -105,6 +113,8 @@ class Reporter:
             print(line, file=self.stderr, flush=True)
 
     def _out(self, record: dict) -> None:
+        if not self.emit_json:
+            return
         print(json.dumps(record, ensure_ascii=True), file=self.stdout, flush=True)
 
     # ------------------------------------------------------------------------------------------- events
@@ -116,17 +126,12 @@ class Reporter:
         self._err(f"note: {message}")
 
     def item_done(self, key: str, rows: int, resumed: bool = False) -> None:
-        self.ok += 1
-        self.resumed += resumed
-        self.rows += rows
         if self.jsonl:
             self._out({"type": "item", "key": key, "status": "resumed" if resumed else "ok", "rows": rows})
         self._advance()
 
     def item_failed(self, error: ItemError) -> None:
-        self.failed += 1
         record = error.as_record()
-        self.failures.append(record)
         self._err(f"error: {printable(error.key)}: {printable(error.message)}")
         if self.debug and error.traceback_text:
             self._err(error.traceback_text.rstrip())
@@ -155,26 +160,20 @@ class Reporter:
                 self._err(f"error: {failure['key']}: {failure['message']}")
         self._out(plan)
 
-    def finish(self, summary: dict) -> None:
+    def finish(self, result: RunResult) -> None:
+        """The closing line for people on stderr and the JSON summary on stdout."""
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
-        elapsed = time.monotonic() - self.started
-        summary = {
-            "type": "summary",
-            "ok": self.ok,
-            "failed": self.failed,
-            "resumed": self.resumed,
-            "rows": self.rows,
-            "seconds": round(elapsed, 3),
-            "items_per_s": round(self.ok / elapsed, 3) if elapsed > 0 else None,
-            **summary,
-        }
+        summary = result.summary()
         if not self.quiet:
-            line = f"{self.ok} ok, {self.failed} failed in {elapsed:.1f} s ({summary['items_per_s'] or 0:.2f} items/s)"
-            if summary.get("peak_device_memory") is not None:
-                line += f", peak device memory {_human_bytes(summary['peak_device_memory'])}"
-            if summary.get("output"):
-                line += f" -> {summary['output']}"
+            line = (
+                f"{result.ok} ok, {result.failed} failed in {result.seconds:.1f} s "
+                f"({result.items_per_s or 0:.2f} items/s)"
+            )
+            if result.peak_device_memory is not None:
+                line += f", peak device memory {_human_bytes(result.peak_device_memory)}"
+            if result.output:
+                line += f" -> {result.output}"
             self._err(line)
         self._out(summary)

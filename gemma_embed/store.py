@@ -1,8 +1,15 @@
-"""Write and read the `gemma-embed/1` format (DESIGN §3).
+"""Every file layout of an output, written and read here and nowhere else (the `gemma-embed/1` format).
 
 One `.safetensors` file: `embeddings` [total_rows, D] with every item's rows in input order, `offsets` int64
-[N+1], and string metadata (`keys` and `items` as JSON lists in row order). The final file appears atomically:
-it is written to a temporary file in the same folder, flushed to disk, then renamed.
+[N+1], and string metadata (`keys` and `items` as JSON lists in row order). Around it, by name:
+
+- `OUT.safetensors.parts/part-NNNNNN.safetensors`: an unfinished run's flushed items;
+- output shards `OUT-00000.safetensors`, ... and `OUT.index.json` (shard list, key -> shard, input order);
+- slices (`--num-slices`, torchrun ranks) `OUT-rank00001-of-00004.safetensors` with a positions manifest
+  `OUT-rank00001-of-00004.positions.json`, joined by the same kind of index;
+- `OUT.errors.jsonl`: one failure record per line.
+
+Every file appears atomically: written to a temporary file in the same folder, flushed to disk, then renamed.
 """
 
 from __future__ import annotations
@@ -20,10 +27,8 @@ from pathlib import Path
 import torch
 
 from gemma_embed import FORMAT, __version__
-from gemma_embed.errors import UsageError
-
-OUTPUT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
+from gemma_embed.device import DTYPES
+from gemma_embed.errors import RunError, UsageError
 
 PARTS_SUFFIX = ".parts"
 # Settings that change an item's rows: parts made under other values cannot be resumed into this run.
@@ -51,8 +56,23 @@ def index_path(output: Path) -> Path:
 
 
 def shard_path(output: Path, number: int) -> Path:
+    """Output shard `number` of a sharded output."""
     output = Path(output)
     return output.with_name(f"{output.name.removesuffix('.safetensors')}-{number:05d}.safetensors")
+
+
+def slice_path(output: Path, index: int, count: int) -> Path:
+    """Where slice `index` of `count` (a --num-slices task or a torchrun rank) writes its own output."""
+    output = Path(output)
+    if count <= 1:
+        return output
+    stem = output.name.removesuffix(".safetensors")
+    return output.with_name(f"{stem}-rank{index:05d}-of-{count:05d}.safetensors")
+
+
+def manifest_path(slice_output: Path) -> Path:
+    """A slice's manifest: its items' positions in the whole input, so the index can restore input order."""
+    return slice_output.with_name(slice_output.name.removesuffix(".safetensors") + ".positions.json")
 
 
 def output_files(output: Path) -> list[Path]:
@@ -81,6 +101,12 @@ def plan_shards(header_sizes: list[int], shard_size: int | None, header_cap: int
         size += item_size
     ranges.append(range(start, len(header_sizes)))
     return ranges
+
+
+def make_header(**fields) -> dict[str, str]:
+    """The run-level metadata every file of an output carries, as strings (None becomes ""). The FINGERPRINT
+    fields among them must match for --resume to reuse earlier work."""
+    return {name: "" if value is None else str(value) for name, value in fields.items()}
 
 
 def check_output_path(path: Path, overwrite: bool, resume: bool = False) -> None:
@@ -172,7 +198,7 @@ class EmbeddingWriter:
     ):
         self.path = Path(path)
         self.parts = parts_folder(self.path)
-        self.dtype = OUTPUT_DTYPES[output_dtype]
+        self.dtype = DTYPES[str(output_dtype)]
         self.header = {**header, "dtype": str(self.dtype).removeprefix("torch.")}
         self.flush_every = flush_every
         self.flush_seconds = flush_seconds
@@ -194,7 +220,7 @@ class EmbeddingWriter:
         sources = output_files(self.path) + sorted(self.parts.glob("part-*.safetensors"))
         for file in sources:
             try:
-                meta = _read_header(file)
+                meta = read_header(file)
             except ValueError as exc:
                 raise UsageError(f"cannot resume: {exc}") from exc
             for field in FINGERPRINT:
@@ -267,12 +293,7 @@ class EmbeddingWriter:
             written = [self._write(shard_path(self.path, n), [entries[i] for i in r]) for n, r in enumerate(ranges)]
             if self.path.exists():
                 self.path.unlink()  # an older single-file output: the index below replaces it
-            index = {
-                "format": FORMAT,
-                "shards": [p.name for p in written],
-                "keys": {key: n for n, r in enumerate(ranges) for key in (entries[i][0] for i in r)},
-            }
-            _atomic_text(index_path(self.path), json.dumps(index, ensure_ascii=True))
+            write_index(self.path, written, [(entries[i][0], n) for n, r in enumerate(ranges) for i in r])
         for stale in set(previous) - set(written):
             stale.unlink(missing_ok=True)
         if len(ranges) == 1:
@@ -307,7 +328,9 @@ class EmbeddingWriter:
         return path
 
 
-def _atomic_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a text file whole or not at all (temp file in the same folder, fsync, rename)."""
+    path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -320,7 +343,8 @@ def _atomic_text(path: Path, text: str) -> None:
         raise
 
 
-def _read_header(file: Path) -> dict:
+def read_header(file: Path) -> dict:
+    """A gemma-embed/1 file's string metadata, without reading any tensor."""
     from safetensors import safe_open
 
     with safe_open(str(file), framework="pt") as fh:
@@ -337,13 +361,61 @@ def _read_rows(file: Path) -> tuple[torch.Tensor, list[int]]:
         return fh.get_tensor("embeddings"), fh.get_tensor("offsets").tolist()
 
 
+def write_index(output: Path, files: list[Path], located: list[tuple[str, int]]) -> Path:
+    """`OUT.index.json`: the files that make up an output (paths relative to the index) and, in input order,
+    each key with the number of the file that holds it."""
+    path = index_path(output)
+    index = {
+        "format": FORMAT,
+        "shards": [os.path.relpath(f, path.parent) for f in files],
+        "keys": dict(located),
+    }
+    atomic_write_text(path, json.dumps(index, ensure_ascii=True))
+    return path
+
+
+def write_manifest(slice_output: Path, positions: dict[str, int]) -> None:
+    atomic_write_text(manifest_path(slice_output), json.dumps(positions, ensure_ascii=True))
+
+
+def merge_slices(output: Path, count: int) -> Path | None:
+    """Write OUT.index.json over every slice's files, keys in input order; None while a slice is unfinished."""
+    output = Path(output)
+    files: list[Path] = []
+    located: list[tuple[int, str, int]] = []  # (input position, key, file number)
+    for index in range(count):
+        out = slice_path(output, index, count)
+        manifest = manifest_path(out)
+        slice_files = output_files(out)
+        if not slice_files or not manifest.exists():
+            return None
+        positions = json.loads(manifest.read_text())
+        for file in slice_files:
+            for key in json.loads(read_header(file)["keys"]):
+                located.append((positions[key], key, len(files)))
+            files.append(file)
+    located.sort()
+    return write_index(output, files, [(key, number) for _, key, number in located])
+
+
+def guarded_write(action: Callable, where):
+    """Run a write; a full disk or unwritable folder ends the run with one clear line (parts stay intact)."""
+    try:
+        return action()
+    except OSError as exc:
+        raise RunError(
+            f"{where}: cannot write: {exc.strerror or exc}; finished parts are kept, free space "
+            f"and run again with --resume"
+        ) from exc
+
+
 def write_errors(output: Path, failures: list[dict]) -> Path | None:
     """`OUT.errors.jsonl`: one failure record per line (atomically); a stale one is removed when all went well."""
     path = errors_path(output)
     if not failures:
         path.unlink(missing_ok=True)
         return None
-    _atomic_text(path, "".join(json.dumps(record, ensure_ascii=True) + "\n" for record in failures))
+    atomic_write_text(path, "".join(json.dumps(record, ensure_ascii=True) + "\n" for record in failures))
     return path
 
 
@@ -409,7 +481,7 @@ def read_metadata(path: str | os.PathLike) -> dict:
             keys.append(key)
             items.append(item)
     if not meta:
-        meta = _read_header(_files(Path(path))[0])
+        meta = read_header(_files(Path(path))[0])
     return {**meta, "keys": keys, "items": items}
 
 

@@ -49,7 +49,3 @@ def reference_audio_rows(model, extractor, samples: np.ndarray, family: str, spa
             valid = out.attention_mask[0].bool()
     rows = out.pooler_output[0] if space == "language" else out.last_hidden_state[0]
     return rows[valid]
-
-
-def rel_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((ours.float() - ref.float()).norm() / ref.float().norm())

@@ -1,18 +1,75 @@
-"""Small helpers for running the library the way the CLI does."""
+"""Helpers the tests import: paths, real image files, transformers' per-item reference, and running the library
+the way the CLI does. torch and the package's runner are imported inside the helpers that need them, so a test
+file of pure functions does not pay for them."""
 
 from __future__ import annotations
 
 import io
 import json
+import shutil
+import sys
 from pathlib import Path
 
-from gemma_embed.config import RunConfig
-from gemma_embed.pipeline import run
-from gemma_embed.progress import Reporter
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "samples"))
+
+SAMPLE_MODEL = ROOT / "samples" / "tiny-gemma4"
+EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
+
+# Six aspect ratios, including the two extremes the issue names (1x1 and 4000x300).
+IMAGE_SIZES = {
+    "one.png": (1, 1),
+    "wide.jpg": (4000, 300),
+    "landscape.jpg": (640, 480),
+    "portrait.png": (480, 640),
+    "square.png": (512, 512),
+    "tall.webp": (200, 1400),
+    "landscape2.jpg": (1280, 960),
+}
+
+
+def write_image(path: Path, width: int, height: int, seed: int) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([np.sin(x / 17.0 + seed), np.cos(y / 11.0), np.sin((x + y) / 23.0)], -1)
+    noise = rng.normal(0, 0.15, (height, width, 3))
+    pixels = ((base * 0.4 + 0.5 + noise).clip(0, 1) * 255).astype(np.uint8)
+    Image.fromarray(pixels).save(path, **({"quality": 90} if path.suffix == ".jpg" else {}))
+    return path
+
+
+def reference_image_rows(model, processor, path: Path, max_soft_tokens: int, space: str = "language"):
+    """transformers' own per-item path: the processor on this one image, then get_image_features."""
+    import torch
+    from PIL import Image, ImageOps
+
+    with Image.open(path) as img:
+        image = ImageOps.exif_transpose(img).convert("RGB")
+    inputs = processor([image], return_tensors="pt", max_soft_tokens=max_soft_tokens)
+    with torch.no_grad():
+        out = model.get_image_features(
+            pixel_values=inputs["pixel_values"], image_position_ids=inputs["image_position_ids"]
+        )
+    if space == "tower":
+        return out.last_hidden_state
+    (rows,) = out.pooler_output
+    return rows
+
+
+def rel_error(ours, ref) -> float:
+    return float((ours.float() - ref.float()).norm() / ref.float().norm())
 
 
 def run_images(inputs, model: Path, output: Path, stdin=None, **options) -> tuple[int, list[dict], str]:
-    """Run the pipeline; return (exit code, stdout JSON records, stderr text)."""
+    """Run the pipeline as the CLI does; return (exit code, stdout JSON records, stderr text)."""
+    from gemma_embed.cli import exit_code
+    from gemma_embed.config import RunConfig
+    from gemma_embed.pipeline import run
+    from gemma_embed.progress import Reporter
+
     options.setdefault("overwrite", True)
     config = RunConfig(
         modality=options.pop("modality", "images"),
@@ -23,9 +80,9 @@ def run_images(inputs, model: Path, output: Path, stdin=None, **options) -> tupl
         **options,
     )
     out, err = io.StringIO(), io.StringIO()
-    code = run(config, Reporter(jsonl=True, stdout=out, stderr=err, live=False), stdin=stdin)
+    result = run(config, Reporter(jsonl=True, stdout=out, stderr=err, live=False), stdin=stdin)
     records = [json.loads(line) for line in out.getvalue().splitlines() if line.strip()]
-    return code, records, err.getvalue()
+    return exit_code(result), records, err.getvalue()
 
 
 def record_batches(monkeypatch, tower_cls) -> list[list]:
@@ -39,3 +96,17 @@ def record_batches(monkeypatch, tower_cls) -> list[list]:
 
     monkeypatch.setattr(tower_cls, "encode", spy)
     return batches
+
+
+def fail_chunks_above(monkeypatch, tower_cls, limit: int) -> None:
+    """A test double for a device that runs out of memory on any chunk of more than `limit` units."""
+    import torch
+
+    original = tower_cls.encode
+
+    def limited(self, units, space):
+        if len(units) > limit:
+            raise torch.OutOfMemoryError(f"injected out-of-memory for a chunk of {len(units)}")
+        return original(self, units, space)
+
+    monkeypatch.setattr(tower_cls, "encode", limited)

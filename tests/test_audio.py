@@ -7,17 +7,17 @@ import json
 
 import pytest
 import torch
-from audio_helpers import CLIP_SECONDS, RATE, make_clip, reference_audio_rows, rel_error, write_clips
-from conftest import ROOT
-from helpers import record_batches, run_images
+from audio_helpers import CLIP_SECONDS, RATE, make_clip, reference_audio_rows, write_clips
+from helpers import ROOT, record_batches, rel_error, run_images
 from typer.testing import CliRunner
 
 import gemma_embed
-from gemma_embed import pipeline
+from gemma_embed import engine
 from gemma_embed.cli import app
-from gemma_embed.errors import CheckpointError, UsageError
+from gemma_embed.config import RunConfig
+from gemma_embed.errors import CheckpointError
 from gemma_embed.media.audio import DecodedAudio
-from gemma_embed.models.audio import AudioPreparer, validate_window, window_bounds
+from gemma_embed.models.audio import AudioPreparer, window_bounds
 from gemma_embed.models.gemma4_audio import Gemma4AudioTower, gemma4_audio_rows
 from gemma_embed.models.loading import resolve_checkpoint
 
@@ -56,10 +56,10 @@ def test_window_bounds_cover_every_sample_in_order():
     assert window_bounds(30 * RATE + 1, RATE, 30) == [(0, 480_000), (480_000, 480_001)]
     assert window_bounds(0, RATE, 30) == []
     assert window_bounds(5, RATE, 2.5) == [(0, 5)]
-    with pytest.raises(UsageError, match="at most 30"):
-        validate_window(30.5)
-    with pytest.raises(UsageError):
-        validate_window(0)
+    with pytest.raises(ValueError, match="at most 30"):
+        RunConfig(window_s=30.5).check()
+    with pytest.raises(ValueError):
+        RunConfig(window_s=0).check()
 
 
 def test_token_count_alone_equals_batched_and_the_tower_mask(gemma4_dir, extractor, reference_model):
@@ -83,7 +83,7 @@ def test_ragged_batch_rows_match_each_clip_alone(
 ):
     folder, clips = clip_dir
     # Every clip in one ragged group, however much padding that takes (the default caps it at 25%).
-    monkeypatch.setattr(pipeline, "RAGGED_MAX_PADDING", 1.0)
+    monkeypatch.setattr(engine, "RAGGED_MAX_PADDING", 1.0)
     out = tmp_path / "audio.safetensors"
     code, records, err = run_audio([folder], gemma4_dir, out, space=space, batch_size=len(CLIP_SECONDS))
     assert code == 0, err
@@ -108,7 +108,7 @@ def test_default_grouping_caps_padding(tmp_path, gemma4_dir, clip_dir, encode_lo
     assert code == 0, err
     for batch in encode_log:
         lengths = [u.length for u in batch]
-        assert 1 - sum(lengths) / (max(lengths) * len(lengths)) <= pipeline.RAGGED_MAX_PADDING + 1e-9
+        assert 1 - sum(lengths) / (max(lengths) * len(lengths)) <= engine.RAGGED_MAX_PADDING + 1e-9
     assert sum(len(b) for b in encode_log) == len(CLIP_SECONDS)
 
 

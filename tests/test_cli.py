@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
+from helpers import ROOT
 from typer.testing import CliRunner
 
 import gemma_embed

@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import torch
-from conftest import ROOT, write_image
-from helpers import run_images
+from helpers import ROOT, run_images, write_image
 
 import gemma_embed
 from gemma_embed.distributed import Slice, take
@@ -91,10 +90,10 @@ def test_array_slices_merge_when_the_last_one_finishes(tmp_path):
     single = tmp_path / "single.safetensors"
     run_images([folder], MODEL, single, max_soft_tokens=70)
     out = tmp_path / "array.safetensors"
-    code, records, err = run_images([folder], MODEL, out, max_soft_tokens=70, num_shards=3, shard_index=2)
+    code, records, err = run_images([folder], MODEL, out, max_soft_tokens=70, num_slices=3, slice_index=2)
     assert "the last slice to finish writes the index" in err
     assert not (tmp_path / "array.index.json").exists()
     for index in (0, 1):
-        run_images([folder], MODEL, out, max_soft_tokens=70, num_shards=3, shard_index=index)
+        run_images([folder], MODEL, out, max_soft_tokens=70, num_slices=3, slice_index=index)
     assert (tmp_path / "array.index.json").exists()
     _assert_same(out, single)

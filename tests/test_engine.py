@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-from helpers import record_batches, run_images
+from helpers import fail_chunks_above, record_batches, run_images
 
 import gemma_embed
-from gemma_embed.engine import OOM_TEST_ENV
 from gemma_embed.models.gemma4 import Gemma4VisionTower
 
 
@@ -15,7 +14,7 @@ def test_oom_backoff_gives_same_outputs(tmp_path, gemma4_dir, image_dir, monkeyp
     assert run_images([image_dir], gemma4_dir, reference_out, max_soft_tokens=70, batch_size=1)[0] == 0
 
     batches = record_batches(monkeypatch, Gemma4VisionTower)
-    monkeypatch.setenv(OOM_TEST_ENV, "1")
+    fail_chunks_above(monkeypatch, Gemma4VisionTower, 1)
     out = tmp_path / "oom.safetensors"
     code, records, err = run_images([image_dir], gemma4_dir, out, max_soft_tokens=70)
     assert code == 0

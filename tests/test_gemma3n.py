@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from audio_helpers import CLIP_SECONDS, RATE, make_clip, reference_audio_rows, rel_error, write_clips
-from helpers import record_batches, run_images
+from audio_helpers import CLIP_SECONDS, RATE, make_clip, reference_audio_rows, write_clips
+from helpers import record_batches, rel_error, run_images
 from make_tiny_checkpoint import build_gemma3n, gemma3n_without_vision_tower
 
 import gemma_embed
-from gemma_embed import pipeline
+from gemma_embed import engine
 from gemma_embed.media.audio import DecodedAudio
 from gemma_embed.models.audio import AudioPreparer
 from gemma_embed.models.gemma3n import Gemma3nAudioTower, gemma3n_audio_rows
@@ -121,7 +121,7 @@ def test_ragged_batch_rows_match_each_clip_alone(tmp_path, monkeypatch, gemma3n_
     model, extractor = reference
     clips = write_clips(tmp_path / "clips")
     batches = record_batches(monkeypatch, Gemma3nAudioTower)
-    monkeypatch.setattr(pipeline, "RAGGED_MAX_PADDING", 1.0)
+    monkeypatch.setattr(engine, "RAGGED_MAX_PADDING", 1.0)
     out = tmp_path / "g3n.safetensors"
     code, _, err = run_images([tmp_path / "clips"], gemma3n_dir, out, modality="audio", batch_size=len(CLIP_SECONDS))
     assert code == 0, err
@@ -147,7 +147,7 @@ def test_cost_model_is_linear_in_frames_and_never_negative():
 
 
 def test_shipped_sample_checkpoint_runs_the_audio_command(tmp_path):
-    from conftest import ROOT
+    from helpers import ROOT
     from typer.testing import CliRunner
 
     from gemma_embed.cli import app

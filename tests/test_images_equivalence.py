@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import IMAGE_SIZES, reference_image_rows, rel_error
-from helpers import record_batches, run_images
+from helpers import IMAGE_SIZES, record_batches, reference_image_rows, rel_error, run_images
 
 import gemma_embed
 from gemma_embed.models.gemma4 import Gemma4VisionTower

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import safetensors
 import torch
-from conftest import ROOT, build_gemma4, rel_error
-from helpers import run_images
+from helpers import ROOT, rel_error, run_images
+from make_tiny_checkpoint import build_gemma4
 from safetensors.torch import load_file, save_file
 
 import gemma_embed
@@ -182,7 +182,7 @@ def test_peak_rss_far_below_full_load(tmp_path):
 def test_towers_only_loader_equals_reference_after_relayout(
     tmp_path, split_checkpoint, reference_model, reference_processor, image_dir
 ):
-    from conftest import reference_image_rows
+    from helpers import reference_image_rows
 
     out = tmp_path / "o.safetensors"
     assert run_images([image_dir / "wide.jpg"], split_checkpoint, out, max_soft_tokens=280)[0] == 0

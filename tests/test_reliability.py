@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, write_image
+from helpers import ROOT, write_image
 
 import gemma_embed
-from gemma_embed.engine import DELAY_TEST_ENV
 
 MODEL = ROOT / "samples" / "tiny-gemma4"
 EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
+SLOW_EXE = Path(__file__).with_name("slow_gemma_embed.py")  # the real CLI with a delay before each encode
 
 
 def without_root_privilege() -> list[str]:
@@ -168,7 +168,9 @@ def _same_output(a: Path, b: Path) -> None:
 
 def _start_and_stop(tmp_path, images, out, sig) -> subprocess.CompletedProcess:
     args = [
-        EXE,
+        sys.executable,
+        str(SLOW_EXE),
+        "0.4",
         "images",
         str(images),
         "--model",
@@ -182,9 +184,7 @@ def _start_and_stop(tmp_path, images, out, sig) -> subprocess.CompletedProcess:
         "--max-soft-tokens",
         "70",
     ]
-    proc = subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, DELAY_TEST_ENV: "0.4"}
-    )
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     parts = out.with_name(out.name + ".parts")
     deadline = time.monotonic() + 120
     while len(list(parts.glob("part-*.safetensors"))) < 2:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 from PIL import Image
 
 MODEL = ROOT / "samples" / "tiny-gemma4"

@@ -9,8 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from conftest import rel_error
-from helpers import record_batches, run_images
+from helpers import record_batches, rel_error, run_images
 from make_video_samples import SAMPLES, make_samples, write_audio_only
 from test_cli import EXE, SAMPLE_MODEL, invoke, summary
 from transformers.video_utils import read_video_pyav

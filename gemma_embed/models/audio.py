@@ -14,13 +14,9 @@ from collections.abc import Callable
 
 import torch
 
-from gemma_embed.errors import UsageError
+from gemma_embed.config import MAX_WINDOW_S, audio_window
 from gemma_embed.models.base import PreparedItem, Unit
 from gemma_embed.models.loading import load_processor, tower_configs
-
-# The extractors' own `max_length` (480 000 samples at 16 kHz): anything longer is cut without a word.
-MAX_WINDOW_S = 30.0
-DEFAULT_WINDOW_S = 30.0
 
 RowsForFrames = Callable[[int, int], int]  # (valid frames, frames the unit carries) -> output rows
 
@@ -39,16 +35,6 @@ def window_bounds(n_samples: int, sample_rate: int, window_s: float) -> list[tup
     return [(start, min(start + size, n_samples)) for start in range(0, n_samples, size)]
 
 
-def validate_window(window_s: float) -> float:
-    window_s = float(window_s)
-    if not (0 < window_s <= MAX_WINDOW_S):
-        raise UsageError(
-            f"--window-s {window_s:g}: must be above 0 and at most {MAX_WINDOW_S:g} s "
-            f"(the feature extractor silently truncates anything longer)"
-        )
-    return window_s
-
-
 def load_feature_extractor(checkpoint):
     return load_processor(checkpoint, "AutoFeatureExtractor", "audio feature extractor")
 
@@ -64,15 +50,12 @@ class AudioPreparer:
     """
 
     def __init__(
-        self,
-        feature_extractor,
-        rows_for_frames: RowsForFrames,
-        window_s: float = DEFAULT_WINDOW_S,
-        keep_tail: bool = False,
+        self, feature_extractor, rows_for_frames: RowsForFrames, window_s: float = MAX_WINDOW_S, keep_tail: bool = False
     ):
         self.extractor = feature_extractor
         self.rows_for_frames = rows_for_frames
-        self.window_s = validate_window(window_s)
+        audio_window(window_s)  # the same check as --window-s
+        self.window_s = float(window_s)
         self.keep_tail = keep_tail
         self.sample_rate = int(feature_extractor.sampling_rate)
 

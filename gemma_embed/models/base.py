@@ -48,3 +48,40 @@ class Preparer(Protocol):
     def prepare(self, decoded: Any) -> PreparedItem: ...
 
     def describe(self) -> dict: ...
+
+
+class EncoderTower:
+    """What every tower shares: its device and dtype, its two checkpoint parts (the encoder and the `embed_*`
+    projection into the language model's space) built without init and loaded strictly, and that projection.
+
+    A subclass names its parts and their key prefixes (`parts`), builds the modules, and implements
+    `unit_cost` and `encode`.
+    """
+
+    grouping = "exact"
+    # (part name, key prefixes to try in order) for the encoder and for its projection.
+    parts: tuple[tuple[str, tuple[str, ...]], tuple[str, tuple[str, ...]]] = ()
+
+    def __init__(self, checkpoint, device, dtype, config, build_encoder, build_projection, output_dims: dict):
+        import torch
+
+        from gemma_embed.models.loading import load_part
+
+        (encoder_name, encoder_prefixes), (projection_name, projection_prefixes) = self.parts
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.tower = load_part(checkpoint, encoder_name, encoder_prefixes, build_encoder, dtype, device)
+        self.embed = load_part(checkpoint, projection_name, projection_prefixes, build_projection, dtype, device)
+        self.output_dims = output_dims  # row width per --space
+
+    @property
+    def element_size(self) -> int:
+        """Bytes per element of the compute dtype (for the cost models)."""
+        import torch
+
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    def project(self, hidden, space: str):
+        """The rows in the requested space: after the projection (language) or the encoder's own (tower)."""
+        return self.embed(inputs_embeds=hidden) if space == "language" else hidden

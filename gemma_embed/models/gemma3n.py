@@ -27,13 +27,7 @@ import torch
 
 from gemma_embed.memory import gemma3n_audio_item_cost
 from gemma_embed.models.audio import audio_sub_configs, pad_batch, strip_rows
-from gemma_embed.models.base import Unit
-from gemma_embed.models.loading import load_part
-
-AUDIO_PREFIXES = {
-    "audio_tower": ("model.audio_tower.",),
-    "embed_audio": ("model.embed_audio.",),
-}
+from gemma_embed.models.base import EncoderTower, Unit
 
 
 def conv_output_frames(frames: int, kernel: int, stride: int) -> int:
@@ -63,37 +57,27 @@ def gemma3n_audio_rows(config, valid_frames: int, frames: int) -> int:
     return max(0, min(positions, valid))
 
 
-class Gemma3nAudioTower:
+class Gemma3nAudioTower(EncoderTower):
     """Gemma 3n audio encoder + projection over ragged, zero-padded batches (see the module note)."""
 
     grouping = "ragged"
+    parts = (("audio_tower", ("model.audio_tower.",)), ("embed_audio", ("model.embed_audio.",)))
 
     def __init__(self, checkpoint, device, dtype):
         from transformers.models.gemma3n.modeling_gemma3n import Gemma3nAudioEncoder, Gemma3nMultimodalEmbedder
 
         audio_config, text_config = audio_sub_configs(checkpoint)
-        self.config = audio_config
-        self.device = torch.device(device)
-        self.dtype = dtype
         # Gemma3nAudioEncoder.from_pretrained(composite dir) silently keeps random weights (its base prefix is
-        # "model"): build it without init and load its tensors strictly instead.
-        self.tower = load_part(
+        # "model"): the base class builds it without init and loads its tensors strictly instead.
+        super().__init__(
             checkpoint,
-            "audio_tower",
-            AUDIO_PREFIXES["audio_tower"],
+            device,
+            dtype,
+            audio_config,
             lambda: Gemma3nAudioEncoder(audio_config),
-            dtype,
-            device,
-        )
-        self.embed = load_part(
-            checkpoint,
-            "embed_audio",
-            AUDIO_PREFIXES["embed_audio"],
             lambda: Gemma3nMultimodalEmbedder(audio_config, text_config),
-            dtype,
-            device,
+            {"tower": audio_config.hidden_size, "language": text_config.hidden_size},
         )
-        self.output_dims = {"tower": audio_config.hidden_size, "language": text_config.hidden_size}
         self.zero_conv_padding = True  # tests switch it off to show the leak it prevents
 
     def rows_for_frames(self, valid_frames: int, frames: int) -> int:
@@ -101,9 +85,7 @@ class Gemma3nAudioTower:
 
     def unit_cost(self, length: int) -> int:
         channels = self.config.sscp_conv_channel_size[0]
-        return gemma3n_audio_item_cost(
-            length, channels, self.config.input_feat_size, torch.empty((), dtype=self.dtype).element_size()
-        )
+        return gemma3n_audio_item_cost(length, channels, self.config.input_feat_size, self.element_size)
 
     @contextlib.contextmanager
     def _first_conv_output_cut(self, units: list[Unit]):
@@ -131,7 +113,4 @@ class Gemma3nAudioTower:
         features, valid = pad_batch(units, self.device, self.dtype)
         with self._first_conv_output_cut(units):
             out = self.tower(features, ~valid, return_dict=True)  # this tower's mask: True = padding
-        hidden = out.last_hidden_state
-        if space == "language":
-            hidden = self.embed(inputs_embeds=hidden)
-        return strip_rows(hidden, ~out.audio_mel_mask, units)
+        return strip_rows(self.project(out.last_hidden_state, space), ~out.audio_mel_mask, units)

@@ -5,20 +5,19 @@ from __future__ import annotations
 import torch
 
 from gemma_embed.memory import vision_item_cost
-from gemma_embed.models.base import PreparedItem, Unit
-from gemma_embed.models.loading import Checkpoint, load_part, load_processor, tower_configs
-
-# Where each family stores its vision tower; EmbeddingGemma 2 has no "model." prefix.
-VISION_PREFIXES = {
-    "vision_tower": ("model.vision_tower.", "vision_tower."),
-    "embed_vision": ("model.embed_vision.", "embed_vision."),
-}
+from gemma_embed.models.base import EncoderTower, PreparedItem, Unit
+from gemma_embed.models.loading import Checkpoint, load_processor, tower_configs
 
 
-class Gemma4VisionTower:
+class Gemma4VisionTower(EncoderTower):
     """Gemma 4 vision encoder + projection. Units of one batch must share a patch count (no padding)."""
 
     grouping = "exact"
+    # EmbeddingGemma 2 stores the same tower without the "model." prefix.
+    parts = (
+        ("vision_tower", ("model.vision_tower.", "vision_tower.")),
+        ("embed_vision", ("model.embed_vision.", "embed_vision.")),
+    )
 
     def __init__(self, checkpoint: Checkpoint, device, dtype):
         from transformers.models.gemma4.modeling_gemma4 import Gemma4MultimodalEmbedder, Gemma4VisionModel
@@ -26,27 +25,16 @@ class Gemma4VisionTower:
         vision_config, text_config = tower_configs(checkpoint, "vision")
         # SDPA without a mask: buckets hold no padding, so the kernel never needs the N x N mask.
         vision_config._attn_implementation = "sdpa"
-        self.config = vision_config
-        self.device = torch.device(device)
-        self.dtype = dtype
-        self.tower = load_part(
+        super().__init__(
             checkpoint,
-            "vision_tower",
-            VISION_PREFIXES["vision_tower"],
+            device,
+            dtype,
+            vision_config,
             lambda: Gemma4VisionModel(vision_config),
-            dtype,
-            device,
-        )
-        self.embed = load_part(
-            checkpoint,
-            "embed_vision",
-            VISION_PREFIXES["embed_vision"],
             lambda: Gemma4MultimodalEmbedder(vision_config, text_config),
-            dtype,
-            device,
+            {"tower": vision_config.hidden_size, "language": text_config.hidden_size},
         )
         self.pool_area = vision_config.pooling_kernel_size**2
-        self.output_dims = {"tower": vision_config.hidden_size, "language": text_config.hidden_size}
 
     def unit_cost(self, length: int) -> int:
         cfg = self.config
@@ -55,7 +43,7 @@ class Gemma4VisionTower:
             hidden=cfg.hidden_size,
             intermediate=cfg.intermediate_size,
             heads=cfg.num_attention_heads,
-            bytes_per_element=torch.empty((), dtype=self.dtype).element_size(),
+            bytes_per_element=self.element_size,
             pooling_kernel=cfg.pooling_kernel_size,
             materialises_scores=cfg._attn_implementation == "eager",
         )
@@ -67,8 +55,7 @@ class Gemma4VisionTower:
         pixels = torch.stack([u.inputs["pixel_values"] for u in units]).to(self.device, self.dtype)
         positions = torch.stack([u.inputs["position_ids"] for u in units]).to(self.device)
         hidden = self.tower(pixel_values=pixels, pixel_position_ids=positions).last_hidden_state
-        if space == "language":
-            hidden = self.embed(inputs_embeds=hidden)
+        hidden = self.project(hidden, space)
         return list(torch.split(hidden, [u.rows for u in units]))
 
 

@@ -12,13 +12,8 @@ import torch
 
 from gemma_embed.memory import audio_item_cost
 from gemma_embed.models.audio import audio_sub_configs, pad_batch, strip_rows
-from gemma_embed.models.base import Unit
-from gemma_embed.models.loading import load_part
+from gemma_embed.models.base import EncoderTower, Unit
 
-AUDIO_PREFIXES = {
-    "audio_tower": ("model.audio_tower.", "audio_tower."),
-    "embed_audio": ("model.embed_audio.", "embed_audio."),
-}
 SUBSAMPLING_LAYERS = 2  # two stride-2 convolutions over time, each keeping mask[:, ::2]
 
 
@@ -30,44 +25,35 @@ def gemma4_audio_rows(valid_frames: int, frames: int | None = None) -> int:
     return rows
 
 
-class Gemma4AudioTower:
+class Gemma4AudioTower(EncoderTower):
     """Gemma 4 audio encoder + projection over ragged, zero-padded batches."""
 
     grouping = "ragged"
+    # EmbeddingGemma 2 stores the same tower without the "model." prefix.
+    parts = (
+        ("audio_tower", ("model.audio_tower.", "audio_tower.")),
+        ("embed_audio", ("model.embed_audio.", "embed_audio.")),
+    )
 
     def __init__(self, checkpoint, device, dtype):
         from transformers.models.gemma4.modeling_gemma4 import Gemma4AudioModel, Gemma4MultimodalEmbedder
 
         audio_config, text_config = audio_sub_configs(checkpoint)
         audio_config._attn_implementation = "eager"  # the chunked local attention exists only in eager
-        self.config = audio_config
-        self.device = torch.device(device)
-        self.dtype = dtype
-        self.tower = load_part(
+        super().__init__(
             checkpoint,
-            "audio_tower",
-            AUDIO_PREFIXES["audio_tower"],
+            device,
+            dtype,
+            audio_config,
             lambda: Gemma4AudioModel(audio_config),
-            dtype,
-            device,
-        )
-        self.embed = load_part(
-            checkpoint,
-            "embed_audio",
-            AUDIO_PREFIXES["embed_audio"],
             lambda: Gemma4MultimodalEmbedder(audio_config, text_config),
-            dtype,
-            device,
+            {"tower": audio_config.output_proj_dims, "language": text_config.hidden_size},
         )
-        self.output_dims = {"tower": audio_config.output_proj_dims, "language": text_config.hidden_size}
 
     def unit_cost(self, length: int) -> int:
-        return audio_item_cost(length, torch.empty((), dtype=self.dtype).element_size())
+        return audio_item_cost(length, self.element_size)
 
     def encode(self, units: list[Unit], space: str) -> list[torch.Tensor]:
         features, mask = pad_batch(units, self.device, self.dtype)
         out = self.tower(features, mask, return_dict=True)
-        hidden = out.last_hidden_state
-        if space == "language":
-            hidden = self.embed(inputs_embeds=hidden)
-        return strip_rows(hidden, out.attention_mask.bool(), units)
+        return strip_rows(self.project(out.last_hidden_state, space), out.attention_mask.bool(), units)

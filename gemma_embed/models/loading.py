@@ -1,8 +1,8 @@
 """Resolve a checkpoint (local folder or hub id) and load only the encoder towers' tensors.
 
-The language model's weights are never read: the index's `weight_map` says which shards hold tower tensors, and
-only those are opened (and, for a hub id, downloaded). A single-file checkpoint is opened with `safe_open`, which
-maps the file and reads only the requested tensors.
+The language model's weights are never read: the index's `weight_map` says which weight files (the checkpoint's
+own shards) hold tower tensors, and only those are opened (and, for a hub id, downloaded). A single-file
+checkpoint is opened with `safe_open`, which maps the file and reads only the requested tensors.
 """
 
 from __future__ import annotations

@@ -1,0 +1,103 @@
+"""Decode and prepare stage: sources -> prepared items, in worker threads, in bounded windows, in input order."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from gemma_embed.errors import ItemError
+from gemma_embed.media import file_facts
+from gemma_embed.models.base import PreparedItem
+from gemma_embed.sources import Source
+
+WINDOW_ITEMS = 256
+WINDOW_BYTES = 1 << 30  # prepared tensors held per window (pixels of 1120-token images are ~31 MB each)
+
+
+@dataclass
+class Prepared:
+    source: Source
+    item: PreparedItem | None = None
+    error: ItemError | None = None
+    already_done: bool = False  # --resume: this key's rows are saved for this exact content
+
+
+def decode_and_prepare(modality, source: Source, is_done: Callable[[str, str], bool] | None = None) -> Prepared:
+    """One source through `modality.decode` and its preparer; any failure becomes the item's error record."""
+    if source.error:
+        return Prepared(source, error=ItemError(source.key, "find", source.error, "FileNotFoundError"))
+    stage = "decode"
+    try:
+        facts = file_facts(source.path)
+        if is_done is not None and is_done(source.key, facts["sha256"]):
+            return Prepared(source, already_done=True)
+        decoded = modality.decode(source.path)
+        stage = "prepare"
+        item = modality.preparer.prepare(decoded)
+    except Exception as exc:  # noqa: BLE001 - a bad file is a record, never the end of the run
+        if isinstance(exc, PermissionError):
+            exc = PermissionError(f"permission denied: {exc.strerror or exc}")
+        return Prepared(source, error=ItemError.wrap(source.key, stage, exc))
+    item.meta = {"path": source.path, **facts, **item.meta}
+    return Prepared(source, item=item)
+
+
+def prepared_nbytes(prepared: Prepared) -> int:
+    if prepared.item is None:
+        return 0
+    return sum(t.nbytes for u in prepared.item.units for t in u.inputs.values() if hasattr(t, "nbytes"))
+
+
+def prepared_stream(
+    modality,
+    sources: Iterable[Source],
+    workers: int,
+    window_items: int = WINDOW_ITEMS,
+    window_bytes: int = WINDOW_BYTES,
+    is_done: Callable[[str, str], bool] | None = None,
+    overlap: bool = True,
+) -> Iterator[list[Prepared]]:
+    """Windows of prepared items, in input order, each at most `window_items` items or `window_bytes` of
+    prepared tensors.
+
+    Sources are pulled lazily. With `overlap`, worker threads keep decoding ahead while the caller encodes a
+    window (the device works while the CPU decodes); how far ahead adapts to the items' size so that the work in
+    flight also stays near one window's bytes. Without it (encoding on the CPU itself), the workers decode only
+    the window being built: decoding beside a CPU encode steals the cores the encode's threads spin on
+    (measured on 2 cores: encode 72 ms/image beside a decode thread against 35 ms alone). Memory stays flat
+    however many files there are.
+    """
+    it = iter(sources)
+    inflight: deque = deque()
+    seen_items, seen_bytes = 0, 0
+    window: list[Prepared] = []
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="decode") as pool:
+
+        def top_up() -> None:
+            average = seen_bytes / seen_items if seen_items else 0
+            ahead = window_items if not average else int(window_bytes // max(1.0, average))
+            ahead = max(2 * workers, min(window_items, ahead))
+            if not overlap:
+                ahead = min(ahead, window_items - len(window))
+            while len(inflight) < ahead:
+                source = next(it, None)
+                if source is None:
+                    return
+                inflight.append(pool.submit(decode_and_prepare, modality, source, is_done))
+
+        top_up()
+        size = 0
+        while inflight:
+            prepared = inflight.popleft().result()
+            nbytes = prepared_nbytes(prepared)
+            seen_items, seen_bytes = seen_items + 1, seen_bytes + nbytes
+            window.append(prepared)
+            size += nbytes
+            if len(window) >= window_items or size >= window_bytes:
+                yield window
+                window, size = [], 0
+            top_up()
+        if window:
+            yield window

@@ -1,0 +1,82 @@
+"""What a run returns: counts, failures, timing, chunking and where the output went.
+
+The pipeline fills one `RunResult` as items finish; the reporter renders it; the CLI maps it to an exit code.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gemma_embed.errors import ItemError
+
+
+@dataclass
+class RunResult:
+    ok: int = 0  # items written (including those reused from earlier work)
+    failed: int = 0
+    resumed: int = 0  # items reused from parts or an earlier output, not recomputed
+    rows: int = 0  # rows computed by this run
+    failures: list[dict] = field(default_factory=list)  # one record per failed item (key, stage, error, message)
+    output: Path | None = None  # the file written (or the index of shards); None when interrupted
+    items: int = 0  # items in this run's output
+    interrupted: str | None = None  # the signal's name when the run was stopped by one
+    signum: int | None = None
+    stopped_at_first_failure: bool = False  # --on-error stop ended the run
+    chunking: dict = field(default_factory=dict)
+    oom_backoffs: int = 0
+    peak_device_memory: int | None = None  # bytes, CUDA only
+    device: str = ""
+    dtype: str = ""
+    started: float = field(default_factory=time.monotonic)
+    seconds: float = 0.0
+
+    # ------------------------------------------------------------------------------------------- updates
+    def item_done(self, rows: int, resumed: bool = False) -> None:
+        self.ok += 1
+        self.resumed += resumed
+        self.rows += rows
+
+    def item_failed(self, error: ItemError) -> None:
+        self.failed += 1
+        self.failures.append(error.as_record())
+
+    def finish(self) -> RunResult:
+        self.seconds = time.monotonic() - self.started
+        return self
+
+    # ------------------------------------------------------------------------------------------- reading
+    @property
+    def elapsed(self) -> float:
+        return self.seconds or (time.monotonic() - self.started)
+
+    @property
+    def items_per_s(self) -> float | None:
+        return round(self.ok / self.seconds, 3) if self.seconds > 0 else None
+
+    def summary(self) -> dict:
+        """The JSON summary record (the last line on stdout)."""
+        record = {
+            "type": "summary",
+            "ok": self.ok,
+            "failed": self.failed,
+            "resumed": self.resumed,
+            "rows": self.rows,
+            "seconds": round(self.seconds, 3),
+            "items_per_s": self.items_per_s,
+            "output": str(self.output) if self.output else None,
+            "items": self.items,
+            "failures": self.failures,
+        }
+        if self.interrupted is not None:
+            record["interrupted"] = self.interrupted
+            return record
+        record.update(
+            peak_device_memory=self.peak_device_memory,
+            oom_backoffs=self.oom_backoffs,
+            chunking=self.chunking,
+            device=self.device,
+            dtype=self.dtype,
+        )
+        return record
