@@ -1,7 +1,7 @@
 """Audio throughput and memory: gemma-embed's pipeline against transformers' per-clip reference loop, one run.
 
-    PYTHONPATH=. python bench/bench_audio.py                      # Gemma 4, 24 clips of 1-20 s, hidden 256
-    PYTHONPATH=. python bench/bench_audio.py --family gemma3n --clips 16
+    python -m bench.bench_audio                      # Gemma 4, 24 clips of 1-20 s, hidden 256
+    python -m bench.bench_audio --family gemma3n --clips 16
 
 Builds a random checkpoint with a more realistic audio tower than the tests' (hidden 256, 4 layers, the real
 subsampling channels), writes clips of mixed lengths as 16 kHz wav files, then times
@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import argparse
 import io
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "samples"))
+from bench.common import PeakRss
+
 RATE = 16_000
 
 
@@ -119,7 +116,7 @@ def reference_rows(model, extractor, path: Path, family: str) -> torch.Tensor:
         return out.pooler_output[0][~out.audio_mel_mask[0]]
 
 
-def run_tool(paths: list[Path], model: Path, output: Path, batch_size: int | None, workers: int) -> int:
+def run_tool(paths: list[Path], model: Path, output: Path, batch_size: int | None, workers: int):
     from gemma_embed.config import RunConfig
     from gemma_embed.pipeline import run
     from gemma_embed.progress import Reporter
@@ -135,27 +132,6 @@ def run_tool(paths: list[Path], model: Path, output: Path, batch_size: int | Non
         workers=workers,
     )
     return run(config, Reporter(quiet=True, stdout=io.StringIO(), stderr=io.StringIO(), live=False))
-
-
-class PeakRss:
-    """Highest resident set size seen while the block runs (sampled every 5 ms)."""
-
-    def __enter__(self):
-        self.proc = psutil.Process()
-        self.start = self.peak = self.proc.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self):
-        while not self._stop.wait(0.005):
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
 
 
 def profiled_peak(fn) -> int:
@@ -181,14 +157,14 @@ def cost_model_check(folder: Path, family: str, seconds: float, batch: int) -> t
     from gemma_embed.models.loading import resolve_checkpoint
 
     config = RunConfig(modality="audio", inputs=(), model=str(folder), device="cpu")
-    modality = build_modality(config, resolve_checkpoint(str(folder)), torch.device("cpu"), torch.float32)
+    stages = build_modality(config, resolve_checkpoint(str(folder)), torch.device("cpu"), torch.float32)
     samples = (0.1 * np.random.default_rng(0).standard_normal(int(seconds * RATE))).astype(np.float32)
-    unit = modality.preparer.prepare(DecodedAudio(samples, RATE, RATE, 1, "bench")).units[0]
+    unit = stages.preparer.prepare(DecodedAudio(samples, RATE, RATE, 1, "bench")).units[0]
     units = [unit] * batch
     with torch.inference_mode():
-        modality.tower.encode(units, "language")  # warm-up: first-call allocations are not the steady state
-        peak = profiled_peak(lambda: modality.tower.encode(units, "language"))
-    return peak, batch * modality.tower.unit_cost(unit.length)
+        stages.tower.encode(units, "language")  # warm-up: first-call allocations are not the steady state
+        peak = profiled_peak(lambda: stages.tower.encode(units, "language"))
+    return peak, batch * stages.tower.unit_cost(unit.length)
 
 
 # ------------------------------------------------------------------------------------------- main
@@ -229,9 +205,9 @@ def main() -> None:
         out = tmp / "out.safetensors"
         with PeakRss() as tool_mem:
             start = time.perf_counter()
-            code = run_tool(paths, folder, out, args.batch_size, args.workers)
+            result = run_tool(paths, folder, out, args.batch_size, args.workers)
             tool_s = time.perf_counter() - start
-        assert code == 0, "the tool reported failures"
+        assert result.failed == 0, "the tool reported failures"
 
         import gemma_embed
 

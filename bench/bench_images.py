@@ -10,7 +10,6 @@ the same folder. Prints load and embed seconds, images/s, the speed ratio and pe
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -35,7 +34,7 @@ ASPECTS = [
 
 
 def make_images(folder: Path, count: int) -> None:
-    from conftest import write_image
+    from helpers import write_image
 
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(count):
@@ -65,12 +64,10 @@ def child_reference(ckpt: str, folder: str, budget: int) -> dict:
 
 
 def child_ours(ckpt: str, folder: str, budget: int, out: str, overlap: str = "off") -> dict:
-    import io
 
     from gemma_embed import pipeline
     from gemma_embed.config import RunConfig
     from gemma_embed.pipeline import run
-    from gemma_embed.progress import Reporter
 
     pipeline.OVERLAP_ON_CPU = overlap == "on"
 
@@ -83,11 +80,10 @@ def child_ours(ckpt: str, folder: str, budget: int, out: str, overlap: str = "of
         overwrite=True,
         max_soft_tokens=budget,
     )
-    stdout = io.StringIO()
     with Timer() as total:
-        code = run(config, Reporter(quiet=True, stdout=stdout))
-    summary = json.loads(stdout.getvalue().splitlines()[-1])
-    assert code == 0, summary
+        result = run(config)
+    summary = result.summary()
+    assert result.failed == 0, summary
     # The summary's seconds cover sources..write; the rest of `total` is checkpoint loading.
     return {
         "load_s": total.seconds - summary["seconds"],

@@ -1,6 +1,6 @@
 """Benchmark: `gemma-embed video` (library call) against transformers' per-video loop, in one run.
 
-    PYTHONPATH=. python bench/bench_video.py [--videos 4] [--rounds 2] [--batch-size N] [--device cpu]
+    python -m bench.bench_video [--videos 4] [--rounds 2] [--batch-size N] [--device cpu]
 
 Builds a random Gemma 4 checkpoint with a mid-size vision tower (hidden 256, 4 layers), writes videos of several
 sizes and lengths with PyAV, then times
@@ -18,27 +18,19 @@ from __future__ import annotations
 
 import argparse
 import io
-import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from make_tiny_checkpoint import build_gemma4  # samples/ is on the path (bench/__init__.py)
+from make_video_samples import write_video
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "samples"))
-
-from make_tiny_checkpoint import build_gemma4  # noqa: E402
-from make_video_samples import write_video  # noqa: E402
+from bench.common import peak_rss
 
 # (width, height, frames): three aspect ratios, so frames fall in a few buckets shared across videos.
 SHAPES = [(320, 240, 90), (640, 360, 60), (240, 320, 45), (160, 120, 24), (480, 270, 120), (320, 240, 16)]
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 class Timer:
@@ -90,12 +82,12 @@ def run_tool(ckpt: Path, videos: list[Path], out: Path, device: str, batch_size:
     )
     start = time.perf_counter()
     try:
-        code = pipeline.run(config, Reporter(quiet=True, stdout=io.StringIO()))
+        result = pipeline.run(config, Reporter(quiet=True, stdout=io.StringIO()))
     finally:
         for owner, name, original in restore:
             setattr(owner, name, original)
     wall = time.perf_counter() - start
-    assert code == 0, "the tool failed on a benchmark video"
+    assert result.failed == 0, "the tool failed on a benchmark video"
     return wall - timer.seconds.get("setup", 0.0), timer.seconds
 
 
@@ -181,7 +173,7 @@ def main() -> None:
         for round_ in range(args.rounds):
             tool_runs.append(run_tool(ckpt, videos, out, args.device, args.batch_size))
             if round_ == 0:
-                tool_rss = peak_rss_mib()
+                tool_rss = peak_rss() / 2**20
                 ours = gemma_embed.load(out)
                 items = gemma_embed.read_metadata(out)["items"]
                 indices = {item["path"]: item["frame_indices"] for item in items}
@@ -214,7 +206,7 @@ def main() -> None:
             "overlapping each other); reference encode includes its processor"
         )
         print(
-            f"peak RSS: {tool_rss:.0f} MiB after the tool, {peak_rss_mib():.0f} MiB after the reference "
+            f"peak RSS: {tool_rss:.0f} MiB after the tool, {peak_rss() / 2**20:.0f} MiB after the reference "
             f"(process-wide, includes the full reference model)"
         )
         print(f"max relative error tool vs reference: {worst:.2e}")

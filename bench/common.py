@@ -9,15 +9,35 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "samples"))
-sys.path.insert(0, str(ROOT / "tests"))
+from bench import ROOT
+
+
+def _status_kib(field: str) -> int:
+    text = Path("/proc/self/status").read_text()
+    return int(re.search(rf"{field}:\s+(\d+) kB", text).group(1)) * 1024
 
 
 def peak_rss() -> int:
-    """This process's peak RSS (VmHWM; ru_maxrss would inherit a parent's peak across fork)."""
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(r"VmHWM:\s+(\d+) kB", text).group(1)) * 1024
+    """This process's peak RSS in bytes: the kernel's VmHWM, the one peak-RSS measure every bench uses
+    (ru_maxrss would inherit a parent's peak across fork, and sampling misses short peaks)."""
+    return _status_kib("VmHWM")
+
+
+def reset_peak_rss() -> int:
+    """Start a new peak: the kernel resets VmHWM to the current RSS (Linux >= 4.0); returns that RSS."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _status_kib("VmRSS")
+
+
+class PeakRss:
+    """Peak RSS while a block runs (`peak`), and the RSS it started from (`start`)."""
+
+    def __enter__(self):
+        self.start = reset_peak_rss()
+        return self
+
+    def __exit__(self, *exc):
+        self.peak = peak_rss()
 
 
 def run_child(module: str, *args: str) -> dict:
