@@ -208,6 +208,11 @@ class RunConfig:
         "are not recomputed.",
         panel=OUTPUT,
     )
+    prune: bool = option(
+        False,
+        "With --resume: drop items of the existing output that this input does not name (default: keep).",
+        panel=OUTPUT,
+    )
     output_dtype: OutputDtype = option(OutputDtype.float32, "dtype of the stored rows.", panel=OUTPUT)
     pool: Pool = option(
         Pool.none,

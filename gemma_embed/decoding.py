@@ -15,24 +15,34 @@ from gemma_embed.sources import Source
 WINDOW_ITEMS = 256
 WINDOW_BYTES = 1 << 30  # prepared tensors held per window (pixels of 1120-token images are ~31 MB each)
 
+# --resume: given an item's key and content hash, the key whose saved rows it can reuse (None: compute it).
+Lookup = Callable[[str, str], "str | None"]
+
 
 @dataclass
 class Prepared:
     source: Source
     item: PreparedItem | None = None
     error: ItemError | None = None
-    already_done: bool = False  # --resume: this key's rows are saved for this exact content
+    reuse: str | None = None  # --resume: the saved key whose rows this item takes (same content)
+    facts: dict | None = None  # size, mtime, content hash of the file
+
+    @property
+    def work(self) -> int:
+        """The encode work this item brings: its units' summed length (patches, frames)."""
+        return sum(u.length for u in self.item.units) if self.item is not None else 0
 
 
-def decode_and_prepare(modality, source: Source, is_done: Callable[[str, str], bool] | None = None) -> Prepared:
+def decode_and_prepare(modality, source: Source, lookup: Lookup | None = None) -> Prepared:
     """One source through `modality.decode` and its preparer; any failure becomes the item's error record."""
     if source.error:
         return Prepared(source, error=ItemError(source.key, "find", source.error, "FileNotFoundError"))
     stage = "decode"
     try:
-        facts = file_facts(source.path)
-        if is_done is not None and is_done(source.key, facts["sha256"]):
-            return Prepared(source, already_done=True)
+        facts = {"path": source.path, **file_facts(source.path)}
+        reuse = lookup(source.key, facts["sha256"]) if lookup is not None else None
+        if reuse is not None:
+            return Prepared(source, reuse=reuse, facts=facts)
         decoded = modality.decode(source.path)
         stage = "prepare"
         item = modality.preparer.prepare(decoded)
@@ -40,8 +50,8 @@ def decode_and_prepare(modality, source: Source, is_done: Callable[[str, str], b
         if isinstance(exc, PermissionError):
             exc = PermissionError(f"permission denied: {exc.strerror or exc}")
         return Prepared(source, error=ItemError.wrap(source.key, stage, exc))
-    item.meta = {"path": source.path, **facts, **item.meta}
-    return Prepared(source, item=item)
+    item.meta = {**facts, **item.meta}
+    return Prepared(source, item=item, facts=facts)
 
 
 def prepared_nbytes(prepared: Prepared) -> int:
@@ -56,11 +66,13 @@ def prepared_stream(
     workers: int,
     window_items: int = WINDOW_ITEMS,
     window_bytes: int = WINDOW_BYTES,
-    is_done: Callable[[str, str], bool] | None = None,
+    lookup: Lookup | None = None,
     overlap: bool = True,
+    enough_work: Callable[[int, int], bool] | None = None,
 ) -> Iterator[list[Prepared]]:
     """Windows of prepared items, in input order, each at most `window_items` items or `window_bytes` of
-    prepared tensors.
+    prepared tensors, and closed early once `enough_work(units, work)` says the window's units and their
+    summed length (patches, frames) are enough for the device for now, so the first items leave early.
 
     Sources are pulled lazily. With `overlap`, worker threads keep decoding ahead while the caller encodes a
     window (the device works while the CPU decodes); how far ahead adapts to the items' size so that the work in
@@ -85,19 +97,22 @@ def prepared_stream(
                 source = next(it, None)
                 if source is None:
                     return
-                inflight.append(pool.submit(decode_and_prepare, modality, source, is_done))
+                inflight.append(pool.submit(decode_and_prepare, modality, source, lookup))
 
         top_up()
-        size = 0
+        size = units = work = 0
         while inflight:
             prepared = inflight.popleft().result()
             nbytes = prepared_nbytes(prepared)
             seen_items, seen_bytes = seen_items + 1, seen_bytes + nbytes
             window.append(prepared)
             size += nbytes
-            if len(window) >= window_items or size >= window_bytes:
+            units += len(prepared.item.units) if prepared.item is not None else 0
+            work += prepared.work
+            full = len(window) >= window_items or size >= window_bytes
+            if full or (enough_work is not None and units > 0 and enough_work(units, work)):
                 yield window
-                window, size = [], 0
+                window, size, units, work = [], 0, 0, 0
             top_up()
         if window:
             yield window

@@ -15,6 +15,9 @@ from gemma_embed.errors import ItemError
 from gemma_embed.models.base import PreparedItem, Tower, Unit
 from gemma_embed.tuning import ChunkTuner
 
+ItemRows = torch.Tensor | ItemError  # an item's (or unit's) rows on the CPU, or why it has none
+RowsCallback = Callable[[int, ItemRows], None]
+
 # Ragged groups (audio) close when padding them to their longest unit would waste more than this share.
 RAGGED_MAX_PADDING = 0.25
 
@@ -56,6 +59,9 @@ class Engine:
         self.tuner = ChunkTuner() if batch_cap is None else None
         self.backoffs = 0
         self.should_stop = should_stop or (lambda: None)  # raises to stop between chunks
+        self.work_done = 0  # units' length encoded, after the first chunk
+        self.work_seconds = 0.0
+        self._warm = False
 
     def plan(self, length: int) -> ChunkPlan:
         """Chunk size for units of this length, from the device's memory as it is now."""
@@ -93,9 +99,9 @@ class Engine:
         elif self.tower.device.type == "mps":
             torch.mps.empty_cache()
 
-    def run(self, units: list[Unit], group: Group, keys: list[str]) -> dict[int, torch.Tensor | ItemError]:
-        """Encode the group's units, planned at its (padded) length. Rows on the CPU, or the failure, per index."""
-        results: dict[int, torch.Tensor | ItemError] = {}
+    def run(self, units: list[Unit], group: Group, keys: list[str], on_rows: RowsCallback) -> None:
+        """Encode the group's units, planned at its (padded) length. After every chunk, `on_rows(index, rows)`
+        receives each unit's rows on the CPU, or its failure, so finished items can leave at once."""
         indices = group.indices
         plan = self.plan(group.length)
         cap = plan.chunk  # the memory cap; lowered for this group by an out-of-memory back-off
@@ -110,8 +116,7 @@ class Engine:
             try:
                 started = time.perf_counter()
                 rows = self._encode(batch)
-                if self.tuner:
-                    self.tuner.record(len(batch), sum(u.length for u in batch), time.perf_counter() - started, cap)
+                self._measured(batch, time.perf_counter() - started, cap)
             except Exception as exc:  # noqa: BLE001 - every failure becomes a record or a retry
                 if is_out_of_memory(exc) and len(batch) > 1:
                     cap = max(1, len(batch) // 2)
@@ -125,50 +130,73 @@ class Engine:
                     continue
                 if len(batch) > 1:
                     # Isolate the unit that fails so the others still get encoded.
-                    for i in batch_ix:
-                        results.update(self._run_single(units, i, keys))
+                    rows = [self._run_single(units, i, keys) for i in batch_ix]
                 else:
-                    results[batch_ix[0]] = ItemError.wrap(keys[batch_ix[0]], "encode", exc)
+                    rows = [ItemError.wrap(keys[batch_ix[0]], "encode", exc)]
                     self._free_cache()
-                pending = pending[len(batch_ix) :]
-                continue
-            for i, r in zip(batch_ix, rows, strict=True):
-                results[i] = r
             pending = pending[len(batch_ix) :]
+            for i, r in zip(batch_ix, rows, strict=True):
+                on_rows(i, r)
         # A back-off holds for the rest of this group only: the next group plans again from free memory.
-        return results
 
-    def _run_single(self, units: list[Unit], i: int, keys: list[str]) -> dict[int, torch.Tensor | ItemError]:
+    def _measured(self, batch: list[Unit], seconds: float, cap: int) -> None:
+        """Feed one chunk's time to the tuner and to the rate that sizes decode windows."""
+        work = sum(u.length for u in batch)
+        if self.tuner:
+            self.tuner.record(len(batch), work, seconds, cap)
+        if self._warm:  # the first chunk pays one-off costs (allocator, thread pools, kernels)
+            self.work_done += work
+            self.work_seconds += seconds
+        self._warm = True
+
+    def work_per_second(self) -> float:
+        """Measured encode rate in units' length (patches, frames) per second; 0 before it is known."""
+        return self.work_done / self.work_seconds if self.work_seconds > 0 else 0.0
+
+    def next_chunk(self) -> int:
+        """The chunk size the engine wants to run next (fixed, or the tuner's probe or choice)."""
+        if self.tuner is None:
+            return self.batch_cap or 1
+        return self.tuner.size(self.tuner.max_size)
+
+    def enough_work(self, units: int, work: int, seconds: float) -> bool:
+        """Whether a window of `units` units and `work` summed length keeps the device busy for about
+        `seconds` at the measured rate, and fills at least one chunk of the size wanted next."""
+        return units >= self.next_chunk() and work >= self.work_per_second() * seconds
+
+    def _run_single(self, units: list[Unit], i: int, keys: list[str]) -> torch.Tensor | ItemError:
         try:
-            return {i: self._encode([units[i]])[0]}
+            return self._encode([units[i]])[0]
         except Exception as exc:  # noqa: BLE001
             self._free_cache()
-            return {i: ItemError.wrap(keys[i], "encode", exc)}
+            return ItemError.wrap(keys[i], "encode", exc)
 
 
-def encode_items(engine: Engine, items: list[PreparedItem | None], keys: list[str]) -> list:
-    """Rows per item (a tensor, an ItemError, or None where `items` has None), all units of all items batched
-    together by the engine's grouping."""
+def encode_items(
+    engine: Engine, items: list[PreparedItem], keys: list[str], on_item: Callable[[int, ItemRows], None]
+) -> None:
+    """Encode every unit of `items`, batched across items by the engine's grouping; `on_item(index, rows)`
+    gets each item's rows (its units' rows in order, concatenated) or its failure as soon as its last unit
+    is done, not when the whole window is."""
     units: list[Unit] = []
     unit_keys: list[str] = []
     for index, item in enumerate(items):
-        if item is None:
-            continue
         for unit in item.units:
             unit.item = index
             units.append(unit)
             unit_keys.append(keys[index])
-    unit_rows: dict[int, torch.Tensor | ItemError] = {}
+    remaining = [len(item.units) for item in items]
+    collected: list[dict[int, ItemRows]] = [{} for _ in items]
+
+    def on_rows(unit_index: int, rows: ItemRows) -> None:
+        item = units[unit_index].item
+        collected[item][unit_index] = rows
+        remaining[item] -= 1
+        if remaining[item] == 0:
+            parts = [collected[item][i] for i in sorted(collected[item])]
+            collected[item] = {}
+            failed = next((r for r in parts if isinstance(r, ItemError)), None)
+            on_item(item, failed if failed is not None else torch.cat(parts))
+
     for group in engine.grouping()([u.length for u in units]):
-        unit_rows.update(engine.run(units, group, unit_keys))
-    per_item: list[list] = [[] for _ in items]
-    for i, unit in enumerate(units):
-        per_item[unit.item].append(unit_rows[i])
-    results: list = []
-    for item, parts in zip(items, per_item, strict=True):
-        if item is None:
-            results.append(None)
-            continue
-        failed = next((r for r in parts if isinstance(r, ItemError)), None)
-        results.append(failed if failed else torch.cat(parts) if parts else None)
-    return results
+        engine.run(units, group, unit_keys, on_rows)

@@ -1,5 +1,6 @@
 """SIGINT/SIGTERM: ask the run to stop at the next safe point, so finished items are flushed, not lost.
 
+While nothing can be lost yet (loading the model), `immediate` makes the signal raise at once instead.
 A second signal falls back to the default behaviour (immediate exit), for a user who really means it.
 """
 
@@ -19,8 +20,9 @@ class Interrupted(Exception):
 
 
 class StopFlag:
-    def __init__(self):
+    def __init__(self, immediate: bool = False):
         self.signum: int | None = None
+        self.immediate = immediate  # raise from the handler itself: there is nothing to save yet
 
     def check(self) -> None:
         if self.signum is not None:
@@ -28,9 +30,9 @@ class StopFlag:
 
 
 @contextmanager
-def stop_on_signals():
+def stop_on_signals(immediate: bool = False):
     """Install the handlers (main thread only: Python delivers signals there) and restore them after."""
-    flag = StopFlag()
+    flag = StopFlag(immediate)
     if threading.current_thread() is not threading.main_thread():
         yield flag
         return
@@ -40,6 +42,8 @@ def stop_on_signals():
         flag.signum = signum
         for sig, old in previous.items():
             signal.signal(sig, old)
+        if flag.immediate:
+            raise Interrupted(signum)
 
     for sig in previous:
         signal.signal(sig, handler)

@@ -18,7 +18,7 @@ import torch
 
 from gemma_embed import distributed, memory, store
 from gemma_embed.config import RunConfig
-from gemma_embed.decoding import WINDOW_ITEMS, prepared_stream
+from gemma_embed.decoding import WINDOW_ITEMS, Prepared, prepared_stream
 from gemma_embed.device import dtype_name, resolve_device, resolve_dtype
 from gemma_embed.engine import Engine, encode_items
 from gemma_embed.errors import ItemError, UsageError
@@ -32,6 +32,9 @@ from gemma_embed.sources import Source, iter_sources
 # Decode the next window while a CPU encodes this one? Off: on the CPU they compete for the same cores
 # (bench/README.md has the measurements); on an accelerator the overlap is always on.
 OVERLAP_ON_CPU = False
+# A decode window holds about this many seconds of encode work at the measured rate: items leave (written,
+# reported) within seconds of the start, and a stop loses little, while a GPU still gets full buckets.
+WINDOW_SECONDS = 4.0
 
 
 @dataclass
@@ -79,48 +82,69 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
     exception; `UsageError` means the run could not start, `RunError` that it could not write.
     """
     reporter = reporter or Reporter.silent()
+    if config.prune and not config.resume:
+        raise UsageError("--prune goes with --resume (it drops items of the existing output)")
     part = distributed.current_slice(config.num_slices, config.slice_index)
     output = part.output(config.output)
     store.check_output_path(output, config.overwrite, config.resume)
     if part.is_split:
         store.check_output_path(config.output, config.overwrite, config.resume)
-    loaded = _load(config, part.local_rank)
-    writer = store.EmbeddingWriter(
-        output,
-        _header(config, loaded),
-        config.output_dtype,
-        flush_every=config.flush_every,
-        resume=config.resume,
-        shard_size=config.shard_size,
-    )
-    sources = distributed.take(iter_sources(config.inputs, config.modality, stdin, config.null_separated), part)
-    result = RunResult(device=str(loaded.device), dtype=dtype_name(loaded.dtype))
-    reporter.start(config.modality if not part.is_split else f"{config.modality} [{part.index}/{part.count}]", result)
-    if reporter.live and "-" not in config.inputs:
-        _count_in_background(config, part, reporter)
-    if loaded.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(loaded.device)
-    with stop_on_signals() as stop:
+    result = RunResult()
+    with stop_on_signals(immediate=True) as stop:
+        try:
+            loaded = _load(config, part.local_rank)
+        except Interrupted as interrupted:
+            reporter.note("interrupted while loading the model; nothing to save")
+            result.interrupted, result.signum = str(interrupted), interrupted.signum
+            reporter.finish(result.finish())
+            return result
+        stop.immediate = False  # from here on a signal stops at the next chunk, and finished items are saved
+        writer = store.EmbeddingWriter(
+            output,
+            _header(config, loaded),
+            config.output_dtype,
+            flush_every=config.flush_every,
+            resume=config.resume,
+            prune=config.prune,
+            shard_size=config.shard_size,
+        )
+        sources = distributed.take(iter_sources(config.inputs, config.modality, stdin, config.null_separated), part)
+        result = RunResult(device=str(loaded.device), dtype=dtype_name(loaded.dtype))
+        reporter.start(
+            str(config.modality) if not part.is_split else f"{config.modality} [{part.index}/{part.count}]", result
+        )
+        if reporter.live and "-" not in config.inputs:
+            _count_in_background(config, part, reporter)
+        if loaded.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(loaded.device)
         engine = Engine(
             loaded.stages.tower, config.space, loaded.budget_spec, config.batch_size, reporter, should_stop=stop.check
         )
         try:
-            _embed_all(config, loaded.stages, engine, writer, sources, reporter, result, stop)
+            _embed_all(
+                config, loaded.stages, engine, writer, sources, _Finisher(config, writer, reporter, result), stop
+            )
         except Interrupted as interrupted:
             store.guarded_write(writer.flush, writer.parts)
             store.write_errors(output, result.failures)
-            reporter.note(
-                f"interrupted by {interrupted}: {len(writer.saved)} items are saved in {writer.parts}; "
-                f"run the same command with --resume to finish"
-            )
-            result.interrupted, result.signum, result.items = str(interrupted), interrupted.signum, len(writer)
+            saved = writer.saved_in_parts
+            if saved:
+                reporter.note(
+                    f"interrupted by {interrupted}: {saved} items are saved in {writer.parts}; "
+                    f"run the same command with --resume to finish"
+                )
+            else:
+                reporter.note(f"interrupted by {interrupted} before any item finished; nothing to save")
+            result.interrupted, result.signum, result.items = str(interrupted), interrupted.signum, saved
             reporter.finish(result.finish())
             return result
     result.output = store.guarded_write(writer.close, output)
-    result.items = len(writer)
+    result.items, result.kept, result.pruned = writer.items_written, writer.kept, writer.pruned
     store.write_errors(output, result.failures)
     if part.is_split:
-        result.output = distributed.finish_slice(config.output, part, writer.order, reporter.note) or result.output
+        result.output = (
+            distributed.finish_slice(config.output, part, writer.positions(), reporter.note) or result.output
+        )
     if loaded.device.type == "cuda":
         result.peak_device_memory = torch.cuda.max_memory_allocated(loaded.device)
     result.oom_backoffs = engine.backoffs
@@ -140,44 +164,79 @@ def _count_in_background(config: RunConfig, part: distributed.Slice, reporter: R
     threading.Thread(target=count, name="count-inputs", daemon=True).start()
 
 
+class _StopAtFirstFailure(Exception):
+    """--on-error stop: a failure ended the run; what is done is written."""
+
+
+class _Finisher:
+    """The last stages for one item: pool its rows, hand them to the writer, report it, count it."""
+
+    def __init__(self, config: RunConfig, writer: store.EmbeddingWriter, reporter: Reporter, result: RunResult):
+        self.config, self.writer, self.reporter, self.result = config, writer, reporter, result
+
+    def reused(self, p: Prepared) -> None:
+        self.writer.reuse(p.source.key, p.source.position, p.reuse, p.facts)
+        self.result.item_done(0, resumed=True)
+        self.reporter.item_done(p.source.key, 0, resumed=True)
+
+    def failed(self, error: ItemError) -> None:
+        self.result.item_failed(error)
+        self.reporter.item_failed(error)
+        if self.config.on_error == "stop":
+            raise _StopAtFirstFailure
+
+    def done(self, p: Prepared, rows) -> None:
+        if isinstance(rows, ItemError):
+            self.failed(rows)
+            return
+        pooled = pool_rows(rows, self.config.pool, p.item.rows_per_unit)
+        store.guarded_write(
+            lambda: self.writer.add(p.source.key, pooled, p.item.meta, p.source.position), self.writer.parts
+        )
+        self.result.item_done(int(pooled.shape[0]))
+        self.reporter.item_done(p.source.key, int(pooled.shape[0]))
+
+
 def _embed_all(
     config: RunConfig,
     stages: ModalityStages,
     engine: Engine,
     writer: store.EmbeddingWriter,
     sources: Iterable[Source],
-    reporter: Reporter,
-    result: RunResult,
+    finish: _Finisher,
     stop,
 ) -> None:
     window_items = max(1, min(stages.window_items or WINDOW_ITEMS, config.flush_every))
-    is_done = writer.is_done if config.resume else None
     overlap = engine.tower.device.type != "cpu" or OVERLAP_ON_CPU
-    for window in prepared_stream(stages, sources, config.workers, window_items, is_done=is_done, overlap=overlap):
-        stop.check()
-        results = encode_items(engine, [p.item for p in window], [p.source.key for p in window])
-        for p, rows in zip(window, results, strict=True):
-            if p.already_done:
-                writer.keep(p.source.key, p.source.position)
-                result.item_done(0, resumed=True)
-                reporter.item_done(p.source.key, 0, resumed=True)
-                continue
-            error = p.error or (rows if isinstance(rows, ItemError) else None)
-            if error is not None:
-                result.item_failed(error)
-                reporter.item_failed(error)
-                if config.on_error == "stop":
-                    result.stopped_at_first_failure = True
-                    reporter.note("stopped at the first failure (--on-error stop); items done so far are written")
-                    return
-                continue
-            pooled = pool_rows(rows, config.pool, p.item.rows_per_unit)
-            store.guarded_write(
-                lambda p=p, pooled=pooled: writer.add(p.source.key, pooled, p.item.meta, p.source.position),
-                writer.parts,
+    windows = prepared_stream(
+        stages,
+        sources,
+        config.workers,
+        window_items,
+        lookup=writer.find_reusable if config.resume else None,
+        overlap=overlap,
+        enough_work=lambda units, work: engine.enough_work(units, work, WINDOW_SECONDS),
+    )
+    try:
+        for window in windows:
+            stop.check()
+            to_encode = []
+            for p in window:
+                if p.reuse is not None:
+                    finish.reused(p)
+                elif p.error is not None:
+                    finish.failed(p.error)
+                else:
+                    to_encode.append(p)
+            encode_items(
+                engine,
+                [p.item for p in to_encode],
+                [p.source.key for p in to_encode],
+                lambda index, rows, batch=to_encode: finish.done(batch[index], rows),
             )
-            result.item_done(int(pooled.shape[0]))
-            reporter.item_done(p.source.key, int(pooled.shape[0]))
+    except _StopAtFirstFailure:
+        finish.result.stopped_at_first_failure = True
+        finish.reporter.note("stopped at the first failure (--on-error stop); items done so far are written")
 
 
 def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> dict:

@@ -17,6 +17,8 @@ class RunResult:
     ok: int = 0  # items written (including those reused from earlier work)
     failed: int = 0
     resumed: int = 0  # items reused from parts or an earlier output, not recomputed
+    kept: int = 0  # --resume: items of the existing output this input does not name, kept
+    pruned: int = 0  # --resume --prune: such items dropped
     rows: int = 0  # rows computed by this run
     failures: list[dict] = field(default_factory=list)  # one record per failed item (key, stage, error, message)
     output: Path | None = None  # the file written (or the index of shards); None when interrupted
@@ -62,6 +64,8 @@ class RunResult:
             "ok": self.ok,
             "failed": self.failed,
             "resumed": self.resumed,
+            "kept": self.kept,
+            "pruned": self.pruned,
             "rows": self.rows,
             "seconds": round(self.seconds, 3),
             "items_per_s": self.items_per_s,

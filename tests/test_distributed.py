@@ -19,6 +19,15 @@ MODEL = ROOT / "samples" / "tiny-gemma4"
 EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
 
 
+def _free_port() -> int:
+    """A port nobody listens on now (a fixed one collides with any other torchrun on the machine)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _folder(tmp_path: Path, count: int = 9) -> Path:
     folder = tmp_path / "images"
     folder.mkdir()
@@ -55,7 +64,7 @@ def test_torchrun_two_ranks_equals_single_process(tmp_path):
             "--nproc-per-node",
             "2",
             "--master-port",
-            "29517",
+            str(_free_port()),
             "--no-python",
             EXE,
             "images",

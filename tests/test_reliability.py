@@ -326,20 +326,20 @@ def test_full_disk_in_process(tmp_path, monkeypatch):
 
     from helpers import run_images
 
-    from gemma_embed import store
     from gemma_embed.errors import RunError
+    from gemma_embed.store import tensors_file
 
     images = _images(tmp_path / "images", 6)
-    real_save = store.atomic_save
+    real_write = tensors_file.write_embedding_file
     calls = []
 
-    def failing_save(tensors, metadata, path):
+    def failing_write(path, *args):
         calls.append(path)
         if len(calls) >= 2:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_save(tensors, metadata, path)
+        return real_write(path, *args)
 
-    monkeypatch.setattr(store, "atomic_save", failing_save)
+    monkeypatch.setattr(tensors_file, "write_embedding_file", failing_write)
     out = tmp_path / "o.safetensors"
     with pytest.raises(RunError, match="No space left on device"):
         run_images([images], MODEL, out, max_soft_tokens=70, flush_every=2)

@@ -41,12 +41,12 @@ def test_no_temp_files_left_and_empty_output(tmp_path):
 
 
 def test_failed_write_leaves_no_final_file(tmp_path, monkeypatch):
-    import safetensors.torch
+    from gemma_embed.store import tensors_file
 
-    def boom(*args, **kwargs):
+    def boom(*args, **kwargs):  # the disk fills up after the header is written
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(safetensors.torch, "save_file", boom)
+    monkeypatch.setattr(tensors_file, "_raw_bytes", boom)
     with pytest.raises(OSError):
         write(tmp_path / "o.safetensors", [("a", torch.ones(1, 2))])
     assert os.listdir(tmp_path) == []
@@ -114,11 +114,86 @@ def test_sharded_output_reads_like_one_file(tmp_path):
 
 def test_header_cap_forces_shards(tmp_path, monkeypatch):
     from gemma_embed import store
+    from gemma_embed.store import writer as writer_module
 
-    monkeypatch.setattr(store, "HEADER_CAP", 300)
+    monkeypatch.setattr(writer_module, "HEADER_CAP", 300)
     writer = EmbeddingWriter(tmp_path / "o.safetensors", {"model": "m"})
     for i in range(6):
         writer.add(f"key-{i}", torch.ones(1, 2), {"path": "x" * 100})
     writer.close()
     assert len(store.output_files(tmp_path / "o.safetensors")) >= 2
     assert list(gemma_embed.load(tmp_path / "o.safetensors")) == [f"key-{i}" for i in range(6)]
+
+
+def test_files_are_byte_identical_across_runs_and_honour_the_umask(tmp_path):
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    items = [(f"k{i}", torch.randn(i + 2, 8, generator=torch.Generator().manual_seed(i))) for i in range(5)]
+    previous = os.umask(0o022)
+    try:
+        digests = set()
+        for n in range(3):
+            out = tmp_path / f"run{n}" / "o.safetensors"
+            out.parent.mkdir()
+            write(out, items, dtype="bfloat16")
+            digests.add(hashlib.sha256(out.read_bytes()).hexdigest())
+            assert out.stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(previous)
+    assert len(digests) == 1
+    # The layout is safetensors' own: its loader reads every tensor back.
+    tensors = load_file(out)
+    assert tensors["offsets"].tolist() == [0, 2, 5, 9, 14, 20]
+    assert torch.equal(tensors["embeddings"][2:5], items[1][1].to(torch.bfloat16))
+
+
+def _writer(path, resume=False, prune=False):
+    return EmbeddingWriter(path, {"model": "m", "modality": "images"}, resume=resume, prune=prune)
+
+
+def _add(writer, key, seed, position):
+    rows = torch.randn(2, 3, generator=torch.Generator().manual_seed(seed))
+    writer.add(key, rows, {"path": key, "sha256": f"content-{seed}"}, position)
+    return rows
+
+
+def test_resume_keeps_items_this_input_does_not_name(tmp_path):
+    out = tmp_path / "o.safetensors"
+    first = _writer(out)
+    a = _add(first, "a.png", 1, 0)
+    b = _add(first, "b.png", 2, 1)
+    first.close()
+
+    second = _writer(out, resume=True)
+    c = _add(second, "c.png", 3, 0)
+    second.close()
+    assert (second.kept, second.pruned, second.items_written) == (2, 0, 3)
+    loaded = gemma_embed.load(out)
+    assert list(loaded) == ["a.png", "b.png", "c.png"]
+    assert all(torch.equal(loaded[k], r) for k, r in [("a.png", a), ("b.png", b), ("c.png", c)])
+
+    third = _writer(out, resume=True, prune=True)
+    assert third.find_reusable("c.png", "content-3") == "c.png"
+    third.reuse("c.png", 0, "c.png", {"path": "c.png", "sha256": "content-3"})
+    third.close()
+    assert (third.kept, third.pruned) == (0, 2)
+    assert list(gemma_embed.load(out)) == ["c.png"]
+
+
+def test_resume_reuses_the_same_content_under_another_key(tmp_path):
+    out = tmp_path / "o.safetensors"
+    first = _writer(out)
+    a = _add(first, "a.png", 1, 0)
+    first.close()
+
+    second = _writer(out, resume=True)
+    assert second.find_reusable("/abs/a.png", "content-1") == "a.png"  # same bytes, another key
+    assert second.find_reusable("a.png", "content-9") is None  # same key, changed content
+    second.reuse("/abs/a.png", 0, "a.png", {"path": "/abs/a.png", "sha256": "content-1", "mtime": 5.0})
+    second.close()
+    loaded = gemma_embed.load(out)
+    assert list(loaded) == ["a.png", "/abs/a.png"] and torch.equal(loaded["/abs/a.png"], a)
+    items = gemma_embed.read_metadata(out)["items"]
+    assert items[1]["path"] == "/abs/a.png" and items[1]["mtime"] == 5.0 and items[1]["rows"] == 2

@@ -1,0 +1,61 @@
+"""Every file layout of an output, written and read here and nowhere else (the `gemma-embed/1` format).
+
+- `tensors_file`: one embedding file (safetensors layout: `embeddings`, `offsets`, string metadata);
+- `layout`: the names of parts, shards, slices, manifests, the index and the errors file, and atomic writes;
+- `writer`: `EmbeddingWriter` (parts, resume, the final order, shards);
+- `reader`: `load`, `iter_items`, `read_metadata` over every layout.
+"""
+
+from gemma_embed.store.layout import (
+    atomic_write_text,
+    check_output_path,
+    errors_path,
+    guarded_write,
+    index_path,
+    manifest_path,
+    merge_slices,
+    output_files,
+    parts_folder,
+    plan_shards,
+    shard_path,
+    slice_path,
+    write_errors,
+    write_index,
+    write_manifest,
+)
+from gemma_embed.store.reader import iter_items, load, read_metadata
+from gemma_embed.store.tensors_file import read_header, write_embedding_file
+from gemma_embed.store.writer import FINGERPRINT, EmbeddingWriter
+
+
+def make_header(**fields) -> dict[str, str]:
+    """The run-level metadata every file of an output carries, as strings (None becomes ""). The FINGERPRINT
+    fields among them must match for --resume to reuse earlier work."""
+    return {name: "" if value is None else str(value) for name, value in fields.items()}
+
+
+__all__ = [
+    "FINGERPRINT",
+    "EmbeddingWriter",
+    "atomic_write_text",
+    "check_output_path",
+    "errors_path",
+    "guarded_write",
+    "index_path",
+    "iter_items",
+    "load",
+    "make_header",
+    "manifest_path",
+    "merge_slices",
+    "output_files",
+    "parts_folder",
+    "plan_shards",
+    "read_header",
+    "read_metadata",
+    "shard_path",
+    "slice_path",
+    "write_embedding_file",
+    "write_errors",
+    "write_index",
+    "write_manifest",
+]

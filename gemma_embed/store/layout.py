@@ -1,0 +1,208 @@
+"""Names and whole-file writes of everything an output consists of, beside the embedding files themselves.
+
+- `OUT.safetensors.parts/part-NNNNNN.safetensors`: an unfinished run's flushed items;
+- output shards `OUT-00000.safetensors`, ... and `OUT.index.json` (file list, key -> file, in order);
+- slices (`--num-slices`, torchrun ranks) `OUT-rank00001-of-00004.safetensors` with a positions manifest
+  `OUT-rank00001-of-00004.positions.json`, joined by the same kind of index;
+- `OUT.errors.jsonl`: one failure record per line.
+
+Every file appears atomically (a temporary file in the same folder, flushed, fsynced, renamed) and, like any
+other tool's output, with the permissions the umask gives (0644 under umask 022).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from gemma_embed import FORMAT
+from gemma_embed.errors import RunError, UsageError
+
+PARTS_SUFFIX = ".parts"
+# safetensors refuses headers over 100 MB; shard well before an output's JSON metadata gets there.
+HEADER_CAP = 50_000_000
+
+
+def parts_folder(output: Path) -> Path:
+    """Where an unfinished run keeps its flushed parts: beside the output, named after it."""
+    output = Path(output)
+    return output.with_name(output.name + PARTS_SUFFIX)
+
+
+def errors_path(output: Path) -> Path:
+    output = Path(output)
+    return output.with_name(output.name.removesuffix(".safetensors") + ".errors.jsonl")
+
+
+def index_path(output: Path) -> Path:
+    output = Path(output)
+    return output.with_name(output.name.removesuffix(".safetensors") + ".index.json")
+
+
+def shard_path(output: Path, number: int) -> Path:
+    """Output shard `number` of a sharded output."""
+    output = Path(output)
+    return output.with_name(f"{output.name.removesuffix('.safetensors')}-{number:05d}.safetensors")
+
+
+def slice_path(output: Path, index: int, count: int) -> Path:
+    """Where slice `index` of `count` (a --num-slices task or a torchrun rank) writes its own output."""
+    output = Path(output)
+    if count <= 1:
+        return output
+    stem = output.name.removesuffix(".safetensors")
+    return output.with_name(f"{stem}-rank{index:05d}-of-{count:05d}.safetensors")
+
+
+def manifest_path(slice_output: Path) -> Path:
+    """A slice's manifest: its items' positions in the whole input, so the index can restore input order."""
+    return slice_output.with_name(slice_output.name.removesuffix(".safetensors") + ".positions.json")
+
+
+def output_files(output: Path) -> list[Path]:
+    """The files an existing output consists of: itself, or the files its index lists; [] if none."""
+    output = Path(output)
+    if output.suffix == ".json":
+        index = output
+    elif output.exists():
+        return [output]
+    else:
+        index = index_path(output)
+    if not index.exists():
+        return []
+    return [index.parent / name for name in json.loads(index.read_text())["shards"]]
+
+
+def plan_shards(header_sizes: list[int], shard_size: int | None, header_cap: int = HEADER_CAP) -> list[range]:
+    """Consecutive item ranges, each at most `shard_size` items and under `header_cap` bytes of metadata."""
+    ranges: list[range] = []
+    start, size = 0, 0
+    for i, item_size in enumerate(header_sizes):
+        full = (shard_size and i - start >= shard_size) or (i > start and size + item_size > header_cap)
+        if full:
+            ranges.append(range(start, i))
+            start, size = i, 0
+        size += item_size
+    ranges.append(range(start, len(header_sizes)))
+    return ranges
+
+
+def check_output_path(path: Path, overwrite: bool, resume: bool = False) -> None:
+    """Fail before any work if the run would clobber something, or the output folder is not writable."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{path}: output path is a folder")
+    parts = parts_folder(path)
+    if not resume and not overwrite:
+        if parts.exists():
+            raise UsageError(
+                f"{parts}: an unfinished run left parts here; pass --resume to finish it or --overwrite to start over"
+            )
+        if output_files(path):
+            raise UsageError(f"{path}: output exists; pass --overwrite to replace it or --resume to add to it")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"{folder}: output folder does not exist")
+    probe = folder / f".{path.name}.{secrets.token_hex(4)}.probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"{folder}: cannot write the output here: {exc.strerror or exc}") from exc
+
+
+# ------------------------------------------------------------------------------------------ atomic writes
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator:
+    """A binary file handle whose content appears at `path` whole when the block ends, or not at all.
+
+    The temporary file is created with mode 0666 less the umask, as `open()` would create `path` itself (a
+    `mkstemp` file is always 0600, and would stay so after the rename).
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a text file whole or not at all."""
+    with atomic_file(path) as fh:
+        fh.write(text.encode("utf-8"))
+
+
+def guarded_write(action: Callable, where):
+    """Run a write; a full disk or unwritable folder ends the run with one clear line (parts stay intact)."""
+    try:
+        return action()
+    except OSError as exc:
+        raise RunError(
+            f"{where}: cannot write: {exc.strerror or exc}; finished parts are kept, free space "
+            f"and run again with --resume"
+        ) from exc
+
+
+# ---------------------------------------------------------------------------------- index, manifests, errors
+
+
+def write_index(output: Path, files: list[Path], located: list[tuple[str, int]]) -> Path:
+    """`OUT.index.json`: the files that make up an output (paths relative to the index) and, in order, each key
+    with the number of the file that holds it."""
+    path = index_path(output)
+    index = {
+        "format": FORMAT,
+        "shards": [os.path.relpath(f, path.parent) for f in files],
+        "keys": dict(located),
+    }
+    atomic_write_text(path, json.dumps(index, ensure_ascii=True))
+    return path
+
+
+def write_manifest(slice_output: Path, positions: dict[str, int]) -> None:
+    atomic_write_text(manifest_path(slice_output), json.dumps(positions, ensure_ascii=True))
+
+
+def merge_slices(output: Path, count: int) -> Path | None:
+    """Write OUT.index.json over every slice's files, keys in input order; None while a slice is unfinished."""
+    from gemma_embed.store.tensors_file import read_header
+
+    output = Path(output)
+    files: list[Path] = []
+    located: list[tuple[int, str, int]] = []  # (input position, key, file number)
+    for index in range(count):
+        out = slice_path(output, index, count)
+        manifest = manifest_path(out)
+        slice_files = output_files(out)
+        if not slice_files or not manifest.exists():
+            return None
+        positions = json.loads(manifest.read_text())
+        for file in slice_files:
+            for key in json.loads(read_header(file)["keys"]):
+                located.append((positions[key], key, len(files)))
+            files.append(file)
+    located.sort()
+    return write_index(output, files, [(key, number) for _, key, number in located])
+
+
+def write_errors(output: Path, failures: list[dict]) -> Path | None:
+    """`OUT.errors.jsonl`: one failure record per line (atomically); a stale one is removed when all went well."""
+    path = errors_path(output)
+    if not failures:
+        path.unlink(missing_ok=True)
+        return None
+    atomic_write_text(path, "".join(json.dumps(record, ensure_ascii=True) + "\n" for record in failures))
+    return path

@@ -1,0 +1,244 @@
+"""The writer: collects finished items, flushes them to parts, and writes the final output in a stable order.
+
+Finished items are flushed to part files (`OUT.parts/part-NNNNNN.safetensors`, each written atomically) every
+`flush_every` items and at least every `flush_seconds`, so a killed run loses at most that much.
+
+With `resume`, everything already saved (an existing output, single file or shards, and the parts of an
+interrupted run) is indexed by key and content hash:
+- an item of this run whose key and content are saved is reused, not recomputed;
+- an item whose content is saved under another key (the same files reached by another path) is reused too;
+- an item of the existing output that this run's input does not name is kept (`kept`), unless `prune`, which
+  drops it (`pruned`). Nothing is dropped silently.
+The final order: the existing output's items in their order (each replaced by this run's version when this
+run has one), then this run's other items in input order. Without an existing output that is input order.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gemma_embed.device import DTYPES
+from gemma_embed.errors import UsageError
+from gemma_embed.store import tensors_file
+from gemma_embed.store.layout import (
+    HEADER_CAP,
+    index_path,
+    output_files,
+    parts_folder,
+    plan_shards,
+    shard_path,
+    write_index,
+)
+from gemma_embed.store.tensors_file import FileRows, file_metadata, read_header
+
+# Settings that change an item's rows: work saved under other values cannot be resumed into this run.
+FINGERPRINT = ("model", "revision", "modality", "space", "pooling", "compute_dtype", "preprocessing", "dtype")
+# Item metadata that describes the file rather than its content: what a reused item takes from its own file.
+FILE_FACTS = ("path", "bytes", "mtime", "sha256")
+
+
+@dataclass(frozen=True)
+class Saved:
+    """An item's rows in a file written earlier (a part, or an existing output)."""
+
+    file: Path
+    position: int
+    meta: dict
+
+
+class EmbeddingWriter:
+    def __init__(
+        self,
+        path: Path,
+        header: dict[str, str],
+        output_dtype: str = "float32",
+        flush_every: int | None = None,
+        flush_seconds: float = 60.0,
+        resume: bool = False,
+        prune: bool = False,
+        shard_size: int | None = None,
+    ):
+        self.path = Path(path)
+        self.parts = parts_folder(self.path)
+        self.dtype = DTYPES[str(output_dtype)]
+        self.header = {**header, "dtype": str(self.dtype).removeprefix("torch.")}
+        self.flush_every = flush_every
+        self.flush_seconds = flush_seconds
+        self.prune = prune
+        self.shard_size = shard_size
+        self.pending: dict[str, tuple[dict, torch.Tensor]] = {}  # finished, not yet in a part
+        self.order: dict[str, int] = {}  # this run's items: key -> input position
+        self.saved: dict[str, Saved] = {}  # key -> where its rows are (latest wins)
+        self.by_content: dict[str, str] = {}  # sha256 -> a key whose saved rows have that content
+        self.base: list[str] = []  # the existing output's keys, in its order (--resume)
+        self.part_count = 0
+        self.last_flush = time.monotonic()
+        self.kept = 0  # existing items this run's input did not name, kept (set by close)
+        self.pruned = 0  # ... dropped with --prune
+        self.items_written = 0
+        if resume:
+            self._index_previous_work()
+        elif self.parts.exists():
+            shutil.rmtree(self.parts)  # --overwrite: start over
+
+    # ------------------------------------------------------------------------------------------ resume
+    def _index_previous_work(self) -> None:
+        previous = output_files(self.path)
+        for file in previous + sorted(self.parts.glob("part-*.safetensors")):
+            try:
+                meta = read_header(file)
+            except ValueError as exc:
+                raise UsageError(f"cannot resume: {exc}") from exc
+            for field in FINGERPRINT:
+                if meta.get(field, "") != self.header.get(field, ""):
+                    raise UsageError(
+                        f"{file}: made with {field}={meta.get(field)!r}, this run has "
+                        f"{self.header.get(field)!r}; use the same settings or --overwrite"
+                    )
+            keys, items = json.loads(meta["keys"]), json.loads(meta["items"])
+            for position, (key, item) in enumerate(zip(keys, items, strict=True)):
+                self._remember(key, Saved(file, position, item))
+            if file in previous:
+                self.base += keys
+        numbers = [int(p.stem.split("-")[1]) for p in self.parts.glob("part-*.safetensors")]
+        self.part_count = max(numbers, default=-1) + 1
+
+    def _remember(self, key: str, saved: Saved) -> None:
+        self.saved[key] = saved
+        if saved.meta.get("sha256"):
+            self.by_content.setdefault(saved.meta["sha256"], key)
+
+    def find_reusable(self, key: str, sha256: str) -> str | None:
+        """The key whose saved rows this content already has: the same key when it is unchanged, else any key
+        with the same content hash; None when the item must be computed."""
+        entry = self.saved.get(key)
+        if entry is not None and entry.meta.get("sha256") == sha256:
+            return key
+        return self.by_content.get(sha256)
+
+    def reuse(self, key: str, position: int, source_key: str, facts: dict) -> None:
+        """This run's item `key` takes the saved rows of `source_key` (same content); its file facts (path,
+        size, mtime, hash) are its own."""
+        source = self.saved[source_key]
+        if source_key != key:
+            meta = {**source.meta, **{k: v for k, v in facts.items() if k in FILE_FACTS}}
+            self._remember(key, Saved(source.file, source.position, meta))
+        self.order[key] = position
+
+    # ------------------------------------------------------------------------------------------- writing
+    def add(self, key: str, rows: torch.Tensor, meta: dict, position: int = 0) -> None:
+        rows = rows.detach().to("cpu", self.dtype).contiguous()
+        if rows.dim() != 2:
+            raise ValueError(f"{key}: rows must be 2-D, got shape {tuple(rows.shape)}")
+        self.order[key] = position
+        self.pending[key] = ({**meta, "rows": int(rows.shape[0])}, rows)
+        due = self.flush_every and len(self.pending) >= self.flush_every
+        if due or time.monotonic() - self.last_flush >= self.flush_seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        """Move pending items into a new part file (atomically)."""
+        self.last_flush = time.monotonic()
+        if not self.pending:
+            return
+        self.parts.mkdir(exist_ok=True)
+        part = self.parts / f"part-{self.part_count:06d}.safetensors"
+        keys = list(self.pending)
+        metas = [meta for meta, _ in self.pending.values()]
+        rows = [tensor for _, tensor in self.pending.values()]
+        tensors_file.write_embedding_file(
+            part,
+            file_metadata(self.header, self.dtype, keys, metas),
+            [r.shape[0] for r in rows],
+            rows[0].shape[1],
+            self.dtype,
+            rows,
+        )
+        self.part_count += 1
+        for position, (key, meta) in enumerate(zip(keys, metas, strict=True)):
+            self._remember(key, Saved(part, position, meta))
+        self.pending.clear()
+
+    @property
+    def saved_in_parts(self) -> int:
+        return sum(1 for s in self.saved.values() if s.file.parent == self.parts)
+
+    def final_order(self) -> list[str]:
+        """The output's keys: the existing output's (replaced, kept or pruned), then this run's new ones."""
+        keys = []
+        for key in self.base:
+            if key in self.order or not self.prune:
+                keys.append(key)
+        ours = set(self.base)
+        keys += sorted((k for k in self.order if k not in ours), key=self.order.__getitem__)
+        return keys
+
+    def positions(self) -> dict[str, int]:
+        """Each output key's place in this run's input; kept items (not in the input) come first, in order."""
+        kept = [k for k in self.final_order() if k not in self.order]
+        return {**{k: i - len(kept) for i, k in enumerate(kept)}, **self.order}
+
+    def close(self) -> Path:
+        """Write the output: one file, or shards plus an index when `shard_size` (or the metadata's size) calls
+        for them, streaming every item's rows; then remove what it replaces and the parts."""
+        keys = self.final_order()
+        not_in_input = sum(1 for k in self.base if k not in self.order)
+        self.kept, self.pruned = (0, not_in_input) if self.prune else (not_in_input, 0)
+        self.items_written = len(keys)
+        metas = [self.pending[k][0] if k in self.pending else self.saved[k].meta for k in keys]
+        sizes = [len(json.dumps(k)) + len(json.dumps(m)) + 2 for k, m in zip(keys, metas, strict=True)]
+        ranges = plan_shards(sizes, self.shard_size, HEADER_CAP)
+        previous = output_files(self.path)
+        with ExitStack() as stack:
+            opened: dict[Path, FileRows] = {}
+
+            def rows_of(key: str) -> torch.Tensor:
+                if key in self.pending:
+                    return self.pending[key][1]
+                saved = self.saved[key]
+                if saved.file not in opened:
+                    opened[saved.file] = FileRows(saved.file, stack)
+                return opened[saved.file].rows(saved.position)
+
+            width = self._width(keys, rows_of)
+
+            def write(path: Path, span: range) -> Path:
+                span_keys = [keys[i] for i in span]
+                span_metas = [metas[i] for i in span]
+                return tensors_file.write_embedding_file(
+                    path,
+                    file_metadata(self.header, self.dtype, span_keys, span_metas),
+                    [int(m["rows"]) for m in span_metas],
+                    width,
+                    self.dtype,
+                    (rows_of(k) for k in span_keys),
+                )
+
+            if len(ranges) == 1:
+                written = [write(self.path, ranges[0])]
+            else:
+                written = [write(shard_path(self.path, n), span) for n, span in enumerate(ranges)]
+        if len(ranges) > 1:
+            if self.path.exists():
+                self.path.unlink()  # an older single-file output: the index below replaces it
+            write_index(self.path, written, [(keys[i], n) for n, span in enumerate(ranges) for i in span])
+        for stale in set(previous) - set(written):
+            stale.unlink(missing_ok=True)
+        if len(ranges) == 1:
+            index_path(self.path).unlink(missing_ok=True)
+        if self.parts.exists():
+            shutil.rmtree(self.parts)
+        return self.path if len(ranges) == 1 else index_path(self.path)
+
+    def _width(self, keys: list[str], rows_of) -> int:
+        """Row width of the output (0 when it holds no item)."""
+        for tensor in (t for _, t in self.pending.values()):
+            return int(tensor.shape[1])
+        return int(rows_of(keys[0]).shape[1]) if keys else 0
