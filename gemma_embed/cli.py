@@ -28,15 +28,40 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+class _Command(typer.core.TyperCommand):
+    """Help as people read it: `Usage: gemma-embed images [OPTIONS] PATH...` (Typer writes `{PATH}...`), and no
+    Python type next to the argument (`<list[str]>`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if isinstance(param, typer.core.TyperArgument):
+                param.display_type_rich = lambda ctx: None
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""  # a flag: no `<bool>` beside it
+        return option
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.params:
+            if isinstance(param, typer.core.TyperArgument):
+                pieces.append(f"{param.metavar or param.name.upper()}{'...' if param.nargs != 1 else ''}")
+        return pieces
+
+
 PATHS = inspect.Parameter(
     "paths",
     inspect.Parameter.KEYWORD_ONLY,
     annotation=Annotated[
         list[str],
         typer.Argument(
-            help="Files, folders (searched recursively) or - to read a list of paths from stdin.",
+            help="Files, folders (walked) or - for a list of paths on stdin.",
             show_default=False,
-            metavar="PATH...",
+            metavar="PATH",
         ),
     ],
 )
@@ -74,7 +99,7 @@ def _parameters(command: str) -> list[inspect.Parameter]:
             help=spec.help,
             rich_help_panel=spec.panel,
             callback=_callback(spec) if (spec.check or spec.parse) else None,
-            metavar=spec.metavar,
+            metavar="" if kind is bool else spec.metavar,  # a flag takes no value: no type column
             show_default=default is not None and default is not False,
         )
         parameters.append(
@@ -95,8 +120,15 @@ def config_from(modality: str, options: dict) -> RunConfig:
     return RunConfig(**values)
 
 
+def _print_error(message: str) -> None:
+    try:
+        print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    except (BrokenPipeError, ValueError):
+        pass  # nobody reads stderr any more; the exit code still says it
+
+
 def _fail(message: str, code: int) -> typer.Exit:
-    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    _print_error(message)
     return typer.Exit(code)
 
 
@@ -132,11 +164,13 @@ def _embed_command(modality: str, summary: str):
     return command
 
 
-app.command("images")(_embed_command("images", "Embed images: one item per image, rows = its soft tokens."))
-app.command("video")(
+app.command("images", cls=_Command)(
+    _embed_command("images", "Embed images: one item per image, rows = its soft tokens.")
+)
+app.command("video", cls=_Command)(
     _embed_command("video", "Embed videos: one item per video, rows = sampled frames x soft tokens per frame.")
 )
-app.command("audio")(
+app.command("audio", cls=_Command)(
     _embed_command(
         "audio", "Embed audio: one item per file (decoded to mono at the model's rate), rows = its soft tokens."
     )
@@ -157,22 +191,24 @@ def plan(**options) -> None:
 
 
 plan.__signature__ = inspect.Signature(_parameters("plan"))
-app.command("plan")(plan)
+app.command("plan", cls=_Command)(plan)
 
 
-@app.command("inspect")
+@app.command("inspect", cls=_Command)
 def inspect_output(
     path: Annotated[Path, typer.Argument(help="A gemma-embed output (.safetensors or .index.json).")],
-    limit: Annotated[int, typer.Option(help="Items to list (0 = all).")] = 20,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the metadata as JSON on stdout.")] = False,
+    limit: Annotated[int, typer.Option(help="Items to list (0 = all).", metavar="N")] = 20,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="The header, keys and items as one JSON object.", metavar="")
+    ] = False,
 ) -> None:
     """Show an output file: model, metadata and a table of items with their shapes."""
     from gemma_embed.show import show
 
     try:
         show(path, limit=limit, as_json=json_out)
-    except (OSError, ValueError) as exc:
-        raise _fail(f"{path}: {exc}", 2) from None
+    except (OSError, ValueError) as exc:  # the reader's messages name the file
+        raise _fail(str(exc), 2) from None
 
 
 def _version(value: bool) -> None:
@@ -191,7 +227,24 @@ def main_options(
 
 
 def main() -> None:
-    app()
+    """The console script: usage errors are one `error:` line and exit 2, like every other error here."""
+    try:  # Typer >= 0.24 carries its own copy of click
+        from typer._click import exceptions
+    except ImportError:
+        from click import exceptions
+
+    try:
+        code = app(standalone_mode=False)
+    except exceptions.NoArgsIsHelpError as exc:
+        print(exc.ctx.get_help())
+        code = 0
+    except exceptions.UsageError as exc:
+        where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        _print_error(f"{exc.format_message()}{where}")
+        code = 2
+    except typer.Abort:
+        code = 130
+    sys.exit(code or 0)
 
 
 if __name__ == "__main__":

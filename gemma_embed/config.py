@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -132,6 +133,32 @@ def audio_window(value: float) -> None:
         )
 
 
+# A hub id: "name" or "namespace/name" (letters, digits, '-', '_', '.'; no '--' or '..').
+HUB_ID = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+def looks_like_path(model: str) -> bool:
+    """Whether `--model` names a folder rather than a hub id: it starts with ./, / or ~, is no hub-id shape,
+    or its first part is a folder that exists here (`samples/nope`)."""
+    if model.startswith((".", "/", "~")) or not HUB_ID.match(model):
+        return True
+    return "/" in model and Path(model.split("/")[0]).is_dir()
+
+
+def model_argument(model: str) -> None:
+    """A folder that does not exist fails here, at once, instead of being tried as a hub id."""
+    if looks_like_path(model) and not Path(model).expanduser().exists():
+        raise ValueError(f"{model}: no such folder (and not a hub id)")
+
+
+DEVICE_FORM = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def device_name(value: str) -> None:
+    if not DEVICE_FORM.match(value):
+        raise ValueError(f"{value!r}: use auto, cpu, cuda, cuda:N or mps")
+
+
 def parse_batch_size(text: str | int | None) -> int | None:
     if text is None or text == "auto":
         return None
@@ -153,90 +180,104 @@ class RunConfig:
     """
 
     # Input -----------------------------------------------------------------------------------------------
-    modality: Modality = option(Modality.images, "What the paths hold.", commands=PLAN)
-    inputs: tuple[str, ...] = ()  # files, folders or "-": the commands' PATHS argument
+    modality: Modality = option(Modality.images, "What the paths hold.", commands=PLAN, metavar="KIND")
+    inputs: tuple[str, ...] = ()  # files, folders or "-": the commands' PATH argument
     null_separated: bool = option(
         False, "Paths on stdin are NUL-separated (find -print0).", commands=EMBED + PLAN, long="--null", flags=("-0",)
     )
     max_soft_tokens: int | None = option(
         None,
-        "Soft tokens per image or video frame: 70, 140, 280, 560 or 1120 (default: the checkpoint "
-        "processor's; Gemma 4: 280 per image, 70 per frame).",
+        "Soft tokens per image or frame: 70, 140, 280, 560 or 1120 (default: the processor's).",
         commands=("images", "video", "plan"),
         check=soft_token_budget,
+        metavar="N",
     )
     fps: float | None = option(
         None,
-        "Sample this many frames per second of video, at most --max-frames (default: the processor's "
-        "policy, 32 evenly spaced frames).",
+        "Sample F frames per second, at most --max-frames (default: 32 frames evenly spaced).",
         commands=("video", "plan"),
         check=positive,
+        metavar="F",
     )
     max_frames: int | None = option(
         None,
-        "Frames per video: the count sampled evenly, or the cap with --fps (default 32). Shorter clips "
-        "give all their frames.",
+        "Frames per video, or the cap with --fps (default: the processor's, 32).",
         commands=("video", "plan"),
         check=at_least(1),
+        metavar="N",
     )
     window_s: float = option(
         MAX_WINDOW_S,
-        "Split longer audio into windows of at most this many seconds (the extractor cuts at 30 s); "
-        "every window is encoded and the rows concatenated.",
+        "Split longer audio into windows of at most S seconds (30 at most).",
         commands=("audio", "plan"),
         check=audio_window,
+        metavar="S",
     )
     # Model -----------------------------------------------------------------------------------------------
-    model: str = option(DEFAULT_MODEL, "Hub id or local checkpoint folder.", commands=EMBED + PLAN, panel=MODEL)
-    revision: str | None = option(None, "Hub revision (branch, tag or commit).", commands=EMBED + PLAN, panel=MODEL)
-    device: str = option("auto", "auto, cpu, cuda, cuda:N or mps.", commands=EMBED + PLAN, panel=MODEL)
+    model: str = option(
+        DEFAULT_MODEL,
+        "Hub id or local checkpoint folder.",
+        commands=EMBED + PLAN,
+        panel=MODEL,
+        check=model_argument,
+        metavar="ID|DIR",
+    )
+    revision: str | None = option(
+        None, "Hub revision: branch, tag or commit.", commands=EMBED + PLAN, panel=MODEL, metavar="REV"
+    )
+    device: str = option(
+        "auto", "auto, cpu, cuda, cuda:N or mps.", commands=EMBED + PLAN, panel=MODEL, check=device_name, metavar="DEV"
+    )
     dtype: Dtype = option(
-        Dtype.auto, "Compute dtype; auto: bfloat16 on CUDA, else float32.", commands=EMBED + PLAN, panel=MODEL
+        Dtype.auto,
+        "auto (bf16 on CUDA, else float32), float32, bfloat16, float16.",
+        commands=EMBED + PLAN,
+        panel=MODEL,
+        metavar="DTYPE",
     )
     space: Space = option(
         Space.language,
-        "language: after the embed_* projection (soft tokens); tower: the encoder output.",
+        "language: after the embed_* projection; tower: before it.",
         commands=EMBED + PLAN,
         panel=MODEL,
+        metavar="SPACE",
     )
     # Output ----------------------------------------------------------------------------------------------
-    output: Path = option(Path("embeddings.safetensors"), "Output .safetensors file.", panel=OUTPUT, flags=("-o",))
-    overwrite: bool = option(False, "Replace an existing output (and an unfinished run's parts).", panel=OUTPUT)
-    resume: bool = option(
-        False,
-        "Finish an interrupted run or add to an existing output; items saved with the same content hash "
-        "are not recomputed.",
-        panel=OUTPUT,
+    output: Path = option(
+        Path("embeddings.safetensors"), "Output .safetensors file.", panel=OUTPUT, flags=("-o",), metavar="FILE"
     )
-    prune: bool = option(
-        False,
-        "With --resume: drop items of the existing output that this input does not name (default: keep).",
-        panel=OUTPUT,
+    overwrite: bool = option(False, "Replace an existing output.", panel=OUTPUT)
+    resume: bool = option(False, "Finish or add to an output; saved items are reused.", panel=OUTPUT)
+    prune: bool = option(False, "With --resume: drop saved items this input does not name.", panel=OUTPUT)
+    output_dtype: OutputDtype = option(
+        OutputDtype.float32, "float32, float16 or bfloat16 rows.", panel=OUTPUT, metavar="DTYPE"
     )
-    output_dtype: OutputDtype = option(OutputDtype.float32, "dtype of the stored rows.", panel=OUTPUT)
     pool: Pool = option(
         Pool.none,
-        "none: every row; mean: one row per item; frame (video): one row per frame.",
+        "none (all rows), mean (one per item), frame (one per frame).",
         panel=OUTPUT,
+        metavar="POOL",
     )
     shard_size: int | None = option(
         None,
-        "Write OUT-00000.safetensors, ... of this many items each, plus OUT.index.json.",
+        "Write shards of N items and OUT.index.json.",
         panel=OUTPUT,
         check=at_least(1),
+        metavar="N",
     )
     flush_every: int = option(
         500,
-        "Save finished items to part files every this many items (and every 60 s).",
+        "Save finished items every N items and 60 s.",
         panel=OUTPUT,
         check=at_least(1),
+        metavar="N",
     )
     jsonl: bool = option(False, "One JSON record per item on stdout.", panel=OUTPUT)
     quiet: bool = option(False, "Nothing on stderr.", commands=EMBED + PLAN, panel=OUTPUT, flags=("-q",))
     # Performance -----------------------------------------------------------------------------------------
     batch_size: int | None = option(
         None,
-        "Cap on units per device batch; auto: tuned for speed within the memory budget.",
+        "Units per device batch; auto: the fastest that fits.",
         commands=EMBED + PLAN,
         panel=PERFORMANCE,
         cli_type=str,
@@ -246,33 +287,41 @@ class RunConfig:
     )
     memory_budget: str | None = option(
         None,
-        "Bytes (2GiB) or a fraction of free memory (0.3); default min(free/2, total/10).",
+        "2GiB, 512MiB or 30% of the device (default: min(free/2, total/10)).",
         commands=EMBED + PLAN,
         panel=PERFORMANCE,
         check=parse_budget,
+        metavar="SIZE",
     )
     workers: int = option(
-        2, "Decode and preprocessing threads.", commands=EMBED + PLAN, panel=PERFORMANCE, check=at_least(1)
+        2,
+        "Decode and preprocessing threads.",
+        commands=EMBED + PLAN,
+        panel=PERFORMANCE,
+        check=at_least(1),
+        metavar="N",
     )
     num_slices: int | None = option(
         None,
-        "Split the input over this many processes (a scheduler array); with --slice-index.",
+        "Split the input over N processes (job arrays, torchrun ranks).",
         panel=PERFORMANCE,
         flags=("--num-shards",),
         check=at_least(1),
+        metavar="N",
     )
     slice_index: int | None = option(
         None,
-        "This process's slice, 0 <= I < --num-slices (torchrun sets it from RANK).",
+        "This process's slice, 0 to N-1 (torchrun: its RANK).",
         panel=PERFORMANCE,
         flags=("--shard-index",),
         check=at_least(0),
+        metavar="I",
     )
     # Robustness ------------------------------------------------------------------------------------------
     on_error: OnError = option(
-        OnError.skip, "skip: report a bad item and go on; stop: end the run at the first.", panel=ROBUSTNESS
+        OnError.skip, "skip: name a bad item, go on; stop: end the run.", panel=ROBUSTNESS, metavar="skip|stop"
     )
-    debug: bool = option(False, "Show tracebacks of failed items.", commands=EMBED + PLAN, panel=ROBUSTNESS)
+    debug: bool = option(False, "Tracebacks of failed items.", commands=EMBED + PLAN, panel=ROBUSTNESS)
 
     def __post_init__(self) -> None:
         # Plain strings from Python callers become the fields' enums; a wrong value fails here, by name.

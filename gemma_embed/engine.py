@@ -62,6 +62,7 @@ class Engine:
         self.work_done = 0  # units' length encoded, after the first chunk
         self.work_seconds = 0.0
         self._warm = False
+        self._warned = False  # the budget-below-one-unit warning was given
 
     def plan(self, length: int) -> ChunkPlan:
         """Chunk size for units of this length, from the device's memory as it is now."""
@@ -107,6 +108,7 @@ class Engine:
         cap = plan.chunk  # the memory cap; lowered for this group by an out-of-memory back-off
         if self.reporter:
             self.reporter.chunk_planned(plan, len(indices))
+            self._warn_if_budget_below_one_unit(plan)
         pending = list(indices)
         while pending:
             self.should_stop()
@@ -138,6 +140,17 @@ class Engine:
             for i, r in zip(batch_ix, rows, strict=True):
                 on_rows(i, r)
         # A back-off holds for the rest of this group only: the next group plans again from free memory.
+
+    def _warn_if_budget_below_one_unit(self, plan: ChunkPlan) -> None:
+        """An explicit --memory-budget smaller than one unit cannot be kept: chunks of 1 run over it. Say so
+        once, with the cost, rather than silently running at chunk 1."""
+        if self.budget_spec.explicit and plan.cost_per_unit > plan.budget and not self._warned:
+            self._warned = True
+            self.reporter.warning(
+                f"--memory-budget allows {memory.human_bytes(plan.budget)}, but one unit of length "
+                f"{plan.length} needs {memory.human_bytes(plan.cost_per_unit)}: units run one at a time, over "
+                f"the budget"
+            )
 
     def _measured(self, batch: list[Unit], seconds: float, cap: int) -> None:
         """Feed one chunk's time to the tuner and to the rate that sizes decode windows."""

@@ -15,16 +15,12 @@ from pathlib import Path
 DEFAULT_FREE_FRACTION = 0.5
 DEFAULT_TOTAL_FRACTION = 0.1
 
+# Units --memory-budget takes: decimal (kB = 1000 B) and binary (KiB = 1024 B) multiples of bytes.
 _UNITS = {
-    "": 1,
     "b": 1,
-    "k": 10**3,
     "kb": 10**3,
-    "m": 10**6,
     "mb": 10**6,
-    "g": 10**9,
     "gb": 10**9,
-    "t": 10**12,
     "tb": 10**12,
     "kib": 2**10,
     "mib": 2**20,
@@ -35,39 +31,61 @@ _UNITS = {
 
 @dataclass(frozen=True)
 class BudgetSpec:
-    """What `--memory-budget` asked for: absolute bytes, a fraction of free memory, or the default rule."""
+    """What `--memory-budget` asked for: bytes, a share of the device's total memory, or the default rule."""
 
     bytes: int | None = None
-    fraction_of_free: float | None = None
+    fraction_of_total: float | None = None
+
+    @property
+    def explicit(self) -> bool:
+        return self.bytes is not None or self.fraction_of_total is not None
 
 
 def parse_budget(text: str | None) -> BudgetSpec:
-    """'2GiB', '500MB', '800000000' -> bytes; '0.3' (a number in (0, 1]) -> fraction of free memory."""
+    """'2GiB', '512MiB', '1.5GB' -> bytes; '30%' -> that share of the device's total memory; None or 'auto' ->
+    the default rule. A bare number is refused: '2' was 2 bytes and '1.5' one byte, never what was meant."""
     if text is None or str(text).strip() in ("", "auto"):
         return BudgetSpec()
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(%|[a-zA-Z]*)\s*", str(text))
     if not match:
-        raise ValueError(f"cannot read memory budget {text!r}: use bytes like 2GiB or a fraction like 0.3")
+        raise ValueError(f"cannot read memory budget {text!r}: use an amount like 2GiB or 512MiB, or a share like 30%")
     number, unit = float(match.group(1)), match.group(2).lower()
-    if unit == "" and 0 < number <= 1:
-        return BudgetSpec(fraction_of_free=number)
+    if unit == "":
+        raise ValueError(f"memory budget {text!r} has no unit: write 2GiB, 512MiB, ... or a share like 30%")
+    if unit == "%":
+        if not 0 < number <= 100:
+            raise ValueError(f"memory budget {text!r}: a share must be above 0% and at most 100%")
+        return BudgetSpec(fraction_of_total=number / 100)
     if unit not in _UNITS:
-        raise ValueError(f"unknown unit {match.group(2)!r} in memory budget {text!r}")
+        raise ValueError(
+            f"unknown unit {match.group(2)!r} in memory budget {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)"
+        )
     value = int(number * _UNITS[unit])
     if value <= 0:
-        raise ValueError(f"memory budget {text!r} must be positive")
+        raise ValueError(f"memory budget {text!r} must be at least one byte")
     return BudgetSpec(bytes=value)
 
 
 def budget(free: int, total: int, spec: BudgetSpec = BudgetSpec()) -> int:
-    """Bytes a chunk's transient may use now. Default: min(free * 0.5, total * 0.1); never negative."""
+    """Bytes a chunk's transient may use now. Default: min(free * 0.5, total * 0.1); an explicit budget (bytes
+    or a share of the total) is the user's call but never more than is free. Never negative."""
     free, total = max(0, int(free)), max(0, int(total))
     if spec.bytes is not None:
-        # An explicit byte budget is the user's call, but it can never exceed what is actually free.
         return max(0, min(spec.bytes, free))
-    if spec.fraction_of_free is not None:
-        return max(0, int(free * spec.fraction_of_free))
+    if spec.fraction_of_total is not None:
+        return max(0, min(int(total * spec.fraction_of_total), free))
     return max(0, int(min(free * DEFAULT_FREE_FRACTION, total * DEFAULT_TOTAL_FRACTION)))
+
+
+def human_bytes(n: float | None) -> str:
+    """1536 -> '1.5 KiB'; None -> '-'."""
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def chunk_size(cost_per_item: float, budget_bytes: float, cap: int | None = None) -> int:

@@ -11,7 +11,7 @@ from functools import partial
 from typing import Any
 
 from gemma_embed.config import Pool, RunConfig
-from gemma_embed.errors import UsageError
+from gemma_embed.errors import CheckpointError, UsageError
 from gemma_embed.models.base import Preparer, Tower
 
 # Prepared video frames are float32 patches (about 2 MB a frame at 70 soft tokens): a video window is sized in
@@ -51,16 +51,11 @@ def _audio(config: RunConfig, checkpoint, device, dtype) -> ModalityStages:
 
         tower = Gemma3nAudioTower(checkpoint, device, dtype)
         rows_for_frames, keep_tail = tower.rows_for_frames, True
-    elif family == "gemma4_audio":
+    else:  # gemma4_audio: check_supported lets no other family through
         from gemma_embed.models.gemma4_audio import Gemma4AudioTower, gemma4_audio_rows
 
         tower = Gemma4AudioTower(checkpoint, device, dtype)
         rows_for_frames, keep_tail = gemma4_audio_rows, False
-    else:
-        raise UsageError(
-            f"{checkpoint.source}: no audio support for model type "
-            f"{getattr(checkpoint.config, 'model_type', '?')} (audio tower {family or '?'})"
-        )
     preparer = AudioPreparer(load_feature_extractor(checkpoint), rows_for_frames, config.window_s, keep_tail)
     decode = partial(decode_audio, sample_rate=preparer.sample_rate)
     return ModalityStages("audio", decode, preparer, tower)
@@ -84,6 +79,36 @@ def _video(config: RunConfig, checkpoint, device, dtype) -> ModalityStages:
     )
 
 
+# The towers each command can run, by the model type of the checkpoint's tower config, and where they are found.
+SUPPORTED_TOWERS = {
+    "images": ("vision", {"gemma4_vision": "Gemma 4 and EmbeddingGemma 2 checkpoints"}),
+    "video": ("vision", {"gemma4_vision": "Gemma 4 and EmbeddingGemma 2 checkpoints"}),
+    "audio": (
+        "audio",
+        {"gemma4_audio": "Gemma 4 and EmbeddingGemma 2 checkpoints", "gemma3n_audio": "Gemma 3n checkpoints"},
+    ),
+}
+
+
+def check_supported(modality: str, checkpoint) -> None:
+    """A checkpoint without a tower this command can run is refused by name, before anything is loaded."""
+    tower, supported = SUPPORTED_TOWERS[modality]
+    found = getattr(getattr(checkpoint.config, f"{tower}_config", None), "model_type", None)
+    if found in supported:
+        return
+    model_type = getattr(checkpoint.config, "model_type", "?")
+    wanted = "; ".join(f"{kind} ({where})" for kind, where in supported.items())
+    if found is None:
+        raise CheckpointError(
+            f"{checkpoint.source}: this {model_type} checkpoint has no {tower} tower; {modality} need one of "
+            f"type {wanted}"
+        )
+    raise CheckpointError(
+        f"{checkpoint.source}: {modality} need a {tower} tower of type {wanted}; this {model_type} checkpoint's "
+        f"is {found}, which is not supported"
+    )
+
+
 BUILDERS: dict[str, Callable[..., ModalityStages]] = {
     "images": _images,
     "audio": _audio,
@@ -96,6 +121,7 @@ def build_modality(config: RunConfig, checkpoint, device, dtype) -> ModalityStag
         builder = BUILDERS[config.modality]
     except KeyError:
         raise UsageError(f"modality {config.modality!r} is not supported") from None
+    check_supported(config.modality, checkpoint)
     stages = builder(config, checkpoint, device, dtype)
     if config.pool not in stages.pools:
         raise UsageError(

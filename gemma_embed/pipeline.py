@@ -234,6 +234,10 @@ def _embed_all(
                 [p.source.key for p in to_encode],
                 lambda index, rows, batch=to_encode: finish.done(batch[index], rows),
             )
+            # Let this window's prepared tensors go now: the loop variable would hold them while the next
+            # window decodes (measured: ~150 MB of pixels at a 100-item window of 70-token images).
+            window.clear()
+            to_encode.clear()
     except _StopAtFirstFailure:
         finish.result.stopped_at_first_failure = True
         finish.reporter.note("stopped at the first failure (--on-error stop); items done so far are written")

@@ -2,15 +2,20 @@
 
 The library never prints anywhere else. Stderr is for people (a live bar only when it is a terminal); stdout is
 for programs: one JSON record per item with `--jsonl`, and always one final JSON summary line.
+
+A reader that goes away (`| head -1`) is not a failure of the work: once stdout is closed the records stop, the
+run finishes and writes its output, and a note on stderr says so. A closed stderr silences the people's lines.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import IO
 
 from gemma_embed.errors import ItemError
+from gemma_embed.memory import human_bytes
 from gemma_embed.result import RunResult
 
 
@@ -19,14 +24,18 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def _human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
+def _silence(stream: IO[str]) -> None:
+    """Point a closed stream's file descriptor at /dev/null, so the interpreter's own flush at exit does not
+    fail on it again (it would print "Exception ignored ... BrokenPipeError" and exit 120)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 class Reporter:
@@ -53,6 +62,8 @@ class Reporter:
         self.debug = debug
         self.live = (not quiet) and (self.stderr.isatty() if live is None else live)
         self.result: RunResult | None = None
+        self.stdout_closed = False  # the reader of stdout went away (| head): no more records
+        self.stderr_closed = False
         self._progress = None
         self._task = None
         self._status = ""
@@ -105,17 +116,26 @@ class Reporter:
         self._progress.update(self._task, completed=done, rate=f"{done / elapsed:.1f} items/s", status=status)
 
     def _err(self, line: str) -> None:
-        if self.quiet:
+        if self.quiet or self.stderr_closed:
             return
-        if self._progress is not None:
-            self._progress.console.print(line, markup=False, highlight=False)
-        else:
-            print(line, file=self.stderr, flush=True)
+        try:
+            if self._progress is not None:
+                self._progress.console.print(line, markup=False, highlight=False)
+            else:
+                print(line, file=self.stderr, flush=True)
+        except (BrokenPipeError, ValueError):  # ValueError: the stream object itself was closed
+            self.stderr_closed = True
+            self._stop_live()
+            _silence(self.stderr)
 
     def _out(self, record: dict) -> None:
-        if not self.emit_json:
+        if not self.emit_json or self.stdout_closed:
             return
-        print(json.dumps(record, ensure_ascii=True), file=self.stdout, flush=True)
+        try:
+            print(json.dumps(record, ensure_ascii=True), file=self.stdout, flush=True)
+        except (BrokenPipeError, ValueError):
+            self.stdout_closed = True
+            _silence(self.stdout)
 
     # ------------------------------------------------------------------------------------------- events
     def chunk_planned(self, plan, count: int) -> None:
@@ -124,6 +144,9 @@ class Reporter:
 
     def note(self, message: str) -> None:
         self._err(f"note: {message}")
+
+    def warning(self, message: str) -> None:
+        self._err(f"warning: {message}")
 
     def item_done(self, key: str, rows: int, resumed: bool = False) -> None:
         if self.jsonl:
@@ -147,32 +170,40 @@ class Reporter:
 
             table = Table(
                 title=f"{plan['modality']}: {plan['items']} items, {plan['units']} units on "
-                f"{plan['device']} ({plan['dtype']}); free {_human_bytes(plan['free_memory'])} of "
-                f"{_human_bytes(plan['total_memory'])}, budget {_human_bytes(plan['budget'])}"
+                f"{plan['device']} ({plan['dtype']}); free {human_bytes(plan['free_memory'])} of "
+                f"{human_bytes(plan['total_memory'])}, budget {human_bytes(plan['budget'])}"
             )
             table.caption = f"chunk = the memory cap; {plan['chunking']}"
             for column in ("length", "units", "cost per unit", "chunk"):
                 table.add_column(column, justify="right")
             for b in plan["buckets"]:
-                table.add_row(str(b["length"]), str(b["units"]), _human_bytes(b["cost_per_unit"]), str(b["chunk"]))
+                table.add_row(str(b["length"]), str(b["units"]), human_bytes(b["cost_per_unit"]), str(b["chunk"]))
             Console(file=self.stderr).print(table)
             for failure in plan["failures"]:
                 self._err(f"error: {failure['key']}: {failure['message']}")
         self._out(plan)
 
+    def _stop_live(self) -> None:
+        if self._progress is not None:
+            progress, self._progress = self._progress, None
+            try:
+                progress.stop()
+            except (BrokenPipeError, ValueError):
+                pass
+
     def finish(self, result: RunResult) -> None:
         """The closing line for people on stderr and the JSON summary on stdout."""
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        self._stop_live()
         summary = result.summary()
+        if self.stdout_closed and result.output:
+            self.note(f"stdout closed; {result.items} items written to {result.output}")
         if not self.quiet:
             line = (
                 f"{result.ok} ok, {result.failed} failed in {result.seconds:.1f} s "
                 f"({result.items_per_s or 0:.2f} items/s)"
             )
             if result.peak_device_memory is not None:
-                line += f", peak device memory {_human_bytes(result.peak_device_memory)}"
+                line += f", peak device memory {human_bytes(result.peak_device_memory)}"
             if result.output:
                 line += f" -> {result.output}"
             self._err(line)

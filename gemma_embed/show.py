@@ -6,33 +6,57 @@ import json
 import sys
 from pathlib import Path
 
-SKIP = {"keys", "items"}
+# Header fields in the order people look for them; any others follow, sorted. Files written by older versions
+# (through safetensors' own writer) store their metadata in a different order each time: never show that order.
+HEADER_ORDER = (
+    "format",
+    "model",
+    "revision",
+    "model_type",
+    "modality",
+    "space",
+    "pooling",
+    "dtype",
+    "compute_dtype",
+    "device",
+    "preprocessing",
+    "created_by",
+)
+LISTS = ("keys", "items")
+
+
+def ordered_header(meta: dict) -> dict:
+    """The metadata's scalar fields in a stable order."""
+    known = [k for k in HEADER_ORDER if k in meta]
+    rest = sorted(k for k in meta if k not in HEADER_ORDER and k not in LISTS)
+    return {k: meta[k] for k in known + rest}
 
 
 def show(path: Path, limit: int = 20, as_json: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from gemma_embed.progress import printable
     from gemma_embed.store import iter_items, read_metadata
 
     meta = read_metadata(path)
     if as_json:
-        print(json.dumps(meta, ensure_ascii=True, indent=2))
+        print(json.dumps({**ordered_header(meta), "keys": meta["keys"], "items": meta["items"]}, ensure_ascii=True))
         return
     console = Console(file=sys.stdout)
     header = Table(show_header=False, box=None)
-    for key, value in meta.items():
-        if key not in SKIP:
-            header.add_row(f"[bold]{key}", str(value))
+    for key, value in ordered_header(meta).items():
+        header.add_row(f"[bold]{key}", str(value))
     header.add_row("[bold]items", str(len(meta["keys"])))
     console.print(header)
     items = Table()
-    for column in ("#", "key", "rows", "dim", "source"):
-        items.add_column(column)
+    for column in ("#", "key", "rows", "dim", "path"):
+        items.add_column(column, overflow="fold")
     for i, (key, rows, item) in enumerate(iter_items(path)):
         if limit and i >= limit:
             items.add_row("...", f"{len(meta['keys']) - limit} more", "", "", "")
             break
-        extra = {k: v for k, v in item.items() if k not in ("path", "sha256", "mtime", "bytes", "rows")}
-        items.add_row(str(i), key, str(rows.shape[0]), str(rows.shape[1]), json.dumps(extra))
+        items.add_row(
+            str(i), printable(key), str(rows.shape[0]), str(rows.shape[1]), printable(str(item.get("path", "")))
+        )
     console.print(items)

@@ -1,14 +1,18 @@
-"""A test double of the `gemma-embed` command whose towers sleep before every device batch.
+"""A test double of the `gemma-embed` command: the real CLI with its towers (or its model loading) slowed down.
 
-    python tests/slow_gemma_embed.py SECONDS images DIR ...    # the real CLI, each encode delayed
+    python tests/slow_gemma_embed.py [--encode SECONDS] [--load SECONDS --loading-marker FILE] images DIR ...
 
-Lets a test interrupt a real process midway, deterministically, without a test hook in the engine.
+`--encode` sleeps before every device batch; `--load` sleeps while the model loads, after touching the marker
+file (so a test knows the process is loading). Lets a test interrupt a real process at a chosen stage,
+deterministically, without test hooks in the package.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
+from pathlib import Path
 
 from gemma_embed.models.base import EncoderTower
 
@@ -24,13 +28,33 @@ def slow_down(seconds: float) -> None:
         tower.encode = slow
 
 
+def slow_loading(seconds: float, marker: Path) -> None:
+    import gemma_embed.pipeline as pipeline
+
+    original = pipeline.build_modality
+
+    def slow(*args, **kwargs):
+        marker.touch()
+        time.sleep(seconds)
+        return original(*args, **kwargs)
+
+    pipeline.build_modality = slow
+
+
 if __name__ == "__main__":
     import gemma_embed.models.gemma3n  # noqa: F401 - register every tower class before patching
     import gemma_embed.models.gemma4  # noqa: F401
     import gemma_embed.models.gemma4_audio  # noqa: F401
     from gemma_embed.cli import main
 
-    delay = float(sys.argv.pop(1))
-    slow_down(delay)
-    sys.argv[0] = "gemma-embed"
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--encode", type=float, default=0.0)
+    parser.add_argument("--load", type=float, default=0.0)
+    parser.add_argument("--loading-marker", type=Path)
+    ours, rest = parser.parse_known_args()
+    if ours.encode:
+        slow_down(ours.encode)
+    if ours.load:
+        slow_loading(ours.load, ours.loading_marker)
+    sys.argv = ["gemma-embed", *rest]
     main()

@@ -42,7 +42,8 @@ def test_budget_default_rule():
     assert budget(free=-1, total=0) == 0
     assert budget(free=10 * GIB, total=80 * GIB, spec=BudgetSpec(bytes=2 * GIB)) == 2 * GIB
     assert budget(free=1 * GIB, total=80 * GIB, spec=BudgetSpec(bytes=2 * GIB)) == 1 * GIB  # never over free
-    assert budget(free=10 * GIB, total=80 * GIB, spec=BudgetSpec(fraction_of_free=0.3)) == int(3 * GIB)
+    assert budget(free=30 * GIB, total=80 * GIB, spec=BudgetSpec(fraction_of_total=0.3)) == 24 * GIB
+    assert budget(free=10 * GIB, total=80 * GIB, spec=BudgetSpec(fraction_of_total=0.3)) == 10 * GIB  # never over free
 
 
 def test_roomy_device_keeps_batching():
@@ -72,10 +73,15 @@ def test_parse_budget():
     assert parse_budget("auto") == BudgetSpec()
     assert parse_budget("2GiB") == BudgetSpec(bytes=2 * GIB)
     assert parse_budget("500MB") == BudgetSpec(bytes=500 * 10**6)
-    assert parse_budget("800000000") == BudgetSpec(bytes=800_000_000)
-    assert parse_budget("0.3") == BudgetSpec(fraction_of_free=0.3)
-    assert parse_budget("1") == BudgetSpec(fraction_of_free=1.0)
-    for bad in ("lots", "-1GB", "2 parsecs", "0"):
+    assert parse_budget("512MiB") == BudgetSpec(bytes=512 * 2**20)
+    assert parse_budget("1.5GB") == BudgetSpec(bytes=1_500_000_000)
+    assert parse_budget("30%") == BudgetSpec(fraction_of_total=0.3)
+    assert parse_budget("100%") == BudgetSpec(fraction_of_total=1.0)
+    # A bare number was ambiguous ("2" meant 2 bytes, "1.5" one byte): now it is refused, with the fix.
+    for bare in ("2", "1.5", "0.3", "800000000"):
+        with pytest.raises(ValueError, match="no unit"):
+            parse_budget(bare)
+    for bad in ("lots", "-1GB", "2 parsecs", "0GiB", "0%", "150%"):
         with pytest.raises(ValueError):
             parse_budget(bad)
 

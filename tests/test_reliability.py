@@ -170,6 +170,7 @@ def _start_and_stop(tmp_path, images, out, sig) -> subprocess.CompletedProcess:
     args = [
         sys.executable,
         str(SLOW_EXE),
+        "--encode",
         "0.4",
         "images",
         str(images),

@@ -7,11 +7,17 @@ checkpoint is opened with `safe_open`, which maps the file and reads only the re
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import logging
+import socket
+import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gemma_embed.config import looks_like_path
 from gemma_embed.errors import CheckpointError
 
 CONFIG_FILE = "config.json"
@@ -43,12 +49,48 @@ class Checkpoint:
         return self._fetched[filename]
 
 
+# One connection attempt, this long, decides whether the hub is reachable; huggingface_hub's own default is five
+# retries with backoff (measured here without network: 25 s and six warning lines before the error).
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+@functools.cache
+def hub_offline() -> str | None:
+    """Why the hub cannot be used (HF_HUB_OFFLINE, or no connection within the probe's timeout); None if it
+    can. Asked once per process; downloads then read only the local cache."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    endpoint = urllib.parse.urlparse(constants.ENDPOINT)
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=HUB_PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        return f"{host} cannot be reached ({exc.strerror or exc})"
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_hub():
+    """huggingface_hub logs retries and warnings itself; the tool says what failed in one line instead."""
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _hub_download(repo_id: str, filename: str, revision: str | None, optional: bool = False) -> str | None:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
 
+    offline = hub_offline()
     try:
-        return hf_hub_download(repo_id, filename, revision=revision)
+        with _quiet_hub():
+            return hf_hub_download(repo_id, filename, revision=revision, local_files_only=offline is not None)
     except RepositoryNotFoundError as exc:
         raise CheckpointError(
             f"{repo_id}: no such model on the hub (or it is gated; log in with `hf auth login`)"
@@ -57,8 +99,9 @@ def _hub_download(repo_id: str, filename: str, revision: str | None, optional: b
         if optional:
             return None
         raise CheckpointError(
-            f"{repo_id}: {filename} is not in the local cache and the hub cannot be reached "
-            f"(offline or no network); pass a local folder with --model"
+            f"{repo_id}: {filename} is not in the local cache and {offline or 'the hub cannot be reached'}; "
+            f"pass a local checkpoint folder with --model, or download it where there is a network "
+            f"(hf download {repo_id}) and run with HF_HUB_OFFLINE=1"
         ) from exc
     except EntryNotFoundError as exc:
         if optional:
@@ -80,8 +123,10 @@ def resolve_checkpoint(model: str, revision: str | None = None) -> Checkpoint:
         folder = path
         if not (folder / CONFIG_FILE).is_file():
             raise CheckpointError(f"{model}: no {CONFIG_FILE} in this folder; is it a Hugging Face checkpoint?")
-    elif path.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1:
-        raise CheckpointError(f"{model}: not a checkpoint folder")
+    elif path.exists():
+        raise CheckpointError(f"{model}: not a checkpoint folder (a checkpoint is a folder with {CONFIG_FILE})")
+    elif looks_like_path(model):
+        raise CheckpointError(f"{model}: no such folder (and not a hub id)")
     else:
         config_path = _hub_download(model, CONFIG_FILE, revision)
         folder = Path(config_path).parent

@@ -93,11 +93,20 @@ def write_embedding_file(
     return path
 
 
+def _safe_open(file: Path):
+    """safetensors' reader, with its own error type (a file that is not safetensors at all) as a ValueError
+    naming the file."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return safe_open(str(file), framework="pt")
+    except SafetensorError as exc:
+        raise ValueError(f"{file}: not a {FORMAT} file ({' '.join(str(exc).split())})") from None
+
+
 def read_header(file: Path) -> dict:
     """A gemma-embed/1 file's string metadata, without reading any tensor."""
-    from safetensors import safe_open
-
-    with safe_open(str(file), framework="pt") as fh:
+    with _safe_open(file) as fh:
         meta = dict(fh.metadata() or {})
     if meta.get("format") != FORMAT:
         raise ValueError(f"{file}: not a {FORMAT} file (format={meta.get('format')!r})")
@@ -108,10 +117,8 @@ class FileRows:
     """Rows of one item at a time from an open file (memory-mapped slices, nothing else is read)."""
 
     def __init__(self, file: Path, stack):
-        from safetensors import safe_open
-
         self.file = Path(file)
-        self.handle = stack.enter_context(safe_open(str(file), framework="pt"))
+        self.handle = stack.enter_context(_safe_open(file))
         self.metadata = self.handle.metadata() or {}
         if self.metadata.get("format") != FORMAT:
             raise ValueError(f"{file}: not a {FORMAT} file (format={self.metadata.get('format')!r})")
