@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from gemma_embed import __version__
-from gemma_embed.config import RunConfig, option_of
+from gemma_embed.config import ExportFormat, RunConfig, option_of
 from gemma_embed.errors import GemmaEmbedError, UsageError
 
 app = typer.Typer(
@@ -209,6 +209,29 @@ def inspect_output(
         show(path, limit=limit, as_json=json_out)
     except (OSError, ValueError) as exc:  # the reader's messages name the file
         raise _fail(str(exc), 2) from None
+
+
+@app.command("export", cls=_Command)
+def export_output(
+    path: Annotated[Path, typer.Argument(help="A gemma-embed output (.safetensors or .index.json).")],
+    to: Annotated[ExportFormat, typer.Option("--to", help="parquet or npy (+ .keys.txt).", metavar="FORMAT")],
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Default: OUT.parquet / OUT.npy beside it.", metavar="FILE")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing files.", metavar="")] = False,
+) -> None:
+    """Write an output as parquet (key, metadata columns, embedding) or .npy, streamed."""
+    import json
+
+    from gemma_embed.export import export
+
+    try:
+        written = export(path, to, output, overwrite)
+    except UsageError as exc:
+        raise _fail(str(exc), 2) from None
+    except (OSError, ValueError) as exc:
+        raise _fail(str(exc), 1) from None
+    print(json.dumps({"type": "export", "to": str(to), **written}, ensure_ascii=True))
 
 
 def _version(value: bool) -> None:

@@ -70,6 +70,11 @@ class OnError(Choice):
     stop = "stop"
 
 
+class ExportFormat(Choice):
+    parquet = "parquet"
+    npy = "npy"
+
+
 # ------------------------------------------------------------------------------------------ option specs
 
 EMBED = ("images", "video", "audio")  # the commands that embed and write an output

@@ -7,6 +7,7 @@
 """
 
 from gemma_embed.store.layout import (
+    atomic_path,
     atomic_write_text,
     check_output_path,
     errors_path,
@@ -37,6 +38,7 @@ def make_header(**fields) -> dict[str, str]:
 __all__ = [
     "FINGERPRINT",
     "EmbeddingWriter",
+    "atomic_path",
     "atomic_write_text",
     "check_output_path",
     "errors_path",

@@ -139,6 +139,22 @@ def atomic_file(path: Path) -> Iterator:
         raise
 
 
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary path beside `path` for a writer that wants a file name (numpy's memmap, pyarrow); it becomes
+    `path` when the block ends without error, or is removed."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write a text file whole or not at all."""
     with atomic_file(path) as fh:
