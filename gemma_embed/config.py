@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gemma_embed.memory import parse_budget
+from gemma_embed.sources import parse_extensions
 
 DEFAULT_MODEL = "google/gemma-4-e2b-it"
 IMAGE_SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
@@ -155,6 +156,15 @@ class RunConfig:
     # Input -----------------------------------------------------------------------------------------------
     modality: Modality = option(Modality.images, "What the paths hold.", commands=PLAN)
     inputs: tuple[str, ...] = ()  # files, folders or "-": the commands' PATHS argument
+    ext: tuple[str, ...] | None = option(
+        None,
+        "Walk folders for these extensions only, e.g. jpg,png (default: every extension the modality's "
+        "decoders read here; the README lists them). Files named explicitly are always taken.",
+        commands=EMBED + PLAN,
+        cli_type=str,
+        parse=parse_extensions,
+        metavar="EXT,...",
+    )
     null_separated: bool = option(
         False, "Paths on stdin are NUL-separated (find -print0).", commands=EMBED + PLAN, long="--null", flags=("-0",)
     )
@@ -280,6 +290,8 @@ class RunConfig:
                 except ValueError:
                     choices = ", ".join(m.value for m in kind)
                     raise ValueError(f"{f.name}={value!r}: choose one of {choices}") from None
+        if self.ext is not None and not (isinstance(self.ext, tuple) and all(e.startswith(".") for e in self.ext)):
+            object.__setattr__(self, "ext", parse_extensions(self.ext))
         if isinstance(self.inputs, (str, Path)):
             object.__setattr__(self, "inputs", (str(self.inputs),))
         else:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
-from gemma_embed import distributed, memory, store
+from gemma_embed import capture, distributed, memory, store
 from gemma_embed.config import RunConfig
 from gemma_embed.decoding import WINDOW_ITEMS, prepared_stream
 from gemma_embed.device import dtype_name, resolve_device, resolve_dtype
@@ -27,7 +28,7 @@ from gemma_embed.modalities import ModalityStages, build_modality
 from gemma_embed.pooling import pool_rows
 from gemma_embed.progress import Reporter
 from gemma_embed.result import RunResult
-from gemma_embed.sources import Source, iter_sources
+from gemma_embed.sources import Source, iter_sources, require_input, skipped_note
 
 # Decode the next window while a CPU encodes this one? Off: on the CPU they compete for the same cores
 # (bench/README.md has the measurements); on an accelerator the overlap is always on.
@@ -84,6 +85,9 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
     store.check_output_path(output, config.overwrite, config.resume)
     if part.is_split:
         store.check_output_path(config.output, config.overwrite, config.resume)
+    skipped: Counter = Counter()  # files the folder walk passes over, by extension
+    found = iter_sources(config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped)
+    found = require_input(found, config.inputs, config.modality, config.ext, skipped)  # before loading a model
     loaded = _load(config, part.local_rank)
     writer = store.EmbeddingWriter(
         output,
@@ -93,14 +97,14 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
         resume=config.resume,
         shard_size=config.shard_size,
     )
-    sources = distributed.take(iter_sources(config.inputs, config.modality, stdin, config.null_separated), part)
+    sources = distributed.take(found, part)
     result = RunResult(device=str(loaded.device), dtype=dtype_name(loaded.dtype))
     reporter.start(config.modality if not part.is_split else f"{config.modality} [{part.index}/{part.count}]", result)
     if reporter.live and "-" not in config.inputs:
         _count_in_background(config, part, reporter)
     if loaded.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(loaded.device)
-    with stop_on_signals() as stop:
+    with stop_on_signals() as stop, capture.Capture(reporter) as captured:
         engine = Engine(
             loaded.stages.tower, config.space, loaded.budget_spec, config.batch_size, reporter, should_stop=stop.check
         )
@@ -113,9 +117,15 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
                 f"interrupted by {interrupted}: {len(writer.saved)} items are saved in {writer.parts}; "
                 f"run the same command with --resume to finish"
             )
+            result.skipped = sum(skipped.values())
             result.interrupted, result.signum, result.items = str(interrupted), interrupted.signum, len(writer)
             reporter.finish(result.finish())
             return result
+    result.skipped = sum(skipped.values())
+    if note := skipped_note(config.modality, skipped):
+        reporter.note(note)
+    if captured.outside and not config.debug:
+        reporter.note(f"{captured.outside} library messages outside any item were hidden (--debug shows them)")
     result.output = store.guarded_write(writer.close, output)
     result.items = len(writer)
     store.write_errors(output, result.failures)
@@ -134,7 +144,7 @@ def _count_in_background(config: RunConfig, part: distributed.Slice, reporter: R
     inputs, in a daemon thread. Never for stdin, which can be read only once."""
 
     def count() -> None:
-        total = sum(1 for _ in distributed.take(iter_sources(config.inputs, config.modality), part))
+        total = sum(1 for _ in distributed.take(iter_sources(config.inputs, config.modality, ext=config.ext), part))
         reporter.set_total(total)
 
     threading.Thread(target=count, name="count-inputs", daemon=True).start()
@@ -164,6 +174,7 @@ def _embed_all(
                 continue
             error = p.error or (rows if isinstance(rows, ItemError) else None)
             if error is not None:
+                error.warnings = error.warnings or p.warnings
                 result.item_failed(error)
                 reporter.item_failed(error)
                 if config.on_error == "stop":
@@ -176,25 +187,28 @@ def _embed_all(
                 lambda p=p, pooled=pooled: writer.add(p.source.key, pooled, p.item.meta, p.source.position),
                 writer.parts,
             )
-            result.item_done(int(pooled.shape[0]))
-            reporter.item_done(p.source.key, int(pooled.shape[0]))
+            result.item_done(int(pooled.shape[0]), warnings=p.warnings)
+            reporter.item_done(p.source.key, int(pooled.shape[0]), warnings=p.warnings)
 
 
 def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> dict:
     """Dry run: device, memory, buckets and the chunk each would get now. Loads the tower (for its cost model)
     but encodes nothing."""
     reporter = reporter or Reporter.silent()
+    skipped: Counter = Counter()
+    found = iter_sources(config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped)
+    sources = list(require_input(found, config.inputs, config.modality, config.ext, skipped))
     loaded = _load(config)
     engine = Engine(loaded.stages.tower, config.space, loaded.budget_spec, config.batch_size)
-    sources = list(iter_sources(config.inputs, config.modality, stdin, config.null_separated))
     lengths: list[int] = []
     failures = []
-    for window in prepared_stream(loaded.stages, sources, config.workers):
-        for p in window:
-            if p.error:
-                failures.append(p.error.as_record())
-            else:
-                lengths += [u.length for u in p.item.units]
+    with capture.Capture(reporter):
+        for window in prepared_stream(loaded.stages, sources, config.workers):
+            for p in window:
+                if p.error:
+                    failures.append(p.error.as_record())
+                else:
+                    lengths += [u.length for u in p.item.units]
     free, total = memory.device_memory(loaded.device)
     buckets = []
     for group in engine.grouping()(lengths):
@@ -216,6 +230,7 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> dic
         "total_memory": total,
         "budget": memory.budget(free, total, loaded.budget_spec),
         "items": len(sources),
+        "skipped": sum(skipped.values()),
         "units": len(lengths),
         "buckets": buckets,
         "failures": failures,

@@ -18,6 +18,8 @@ class RunResult:
     failed: int = 0
     resumed: int = 0  # items reused from parts or an earlier output, not recomputed
     rows: int = 0  # rows computed by this run
+    skipped: int = 0  # files in walked folders whose extension the walk does not take (never silent)
+    with_warnings: int = 0  # items whose record carries library warnings (capture.py)
     failures: list[dict] = field(default_factory=list)  # one record per failed item (key, stage, error, message)
     output: Path | None = None  # the file written (or the index of shards); None when interrupted
     items: int = 0  # items in this run's output
@@ -33,13 +35,15 @@ class RunResult:
     seconds: float = 0.0
 
     # ------------------------------------------------------------------------------------------- updates
-    def item_done(self, rows: int, resumed: bool = False) -> None:
+    def item_done(self, rows: int, resumed: bool = False, warnings: list[str] | None = None) -> None:
         self.ok += 1
         self.resumed += resumed
         self.rows += rows
+        self.with_warnings += bool(warnings)
 
     def item_failed(self, error: ItemError) -> None:
         self.failed += 1
+        self.with_warnings += bool(error.warnings)
         self.failures.append(error.as_record())
 
     def finish(self) -> RunResult:
@@ -62,6 +66,8 @@ class RunResult:
             "ok": self.ok,
             "failed": self.failed,
             "resumed": self.resumed,
+            "skipped": self.skipped,
+            "with_warnings": self.with_warnings,
             "rows": self.rows,
             "seconds": round(self.seconds, 3),
             "items_per_s": self.items_per_s,
