@@ -51,15 +51,17 @@ _installed: Capture | None = None
 _markers = itertools.count()
 _MARKER = b"\x00gemma-embed-sync:"
 SYNC_TIMEOUT_S = 5.0  # a reader that stopped must never hang a decode thread
+MAX_DISTINCT = 100  # distinct messages kept per item: a file that warns per frame must not bloat its record
 SHARED = re.compile(r" \(while \d+ items were decoding\)$")  # marks an fd 2 line two items may have caused
 
 
 class ItemMessages:
-    """The messages of one item, in order; repeats folded into a count."""
+    """The messages of one item, in order; repeats folded into a count, at most MAX_DISTINCT kept."""
 
     def __init__(self, key: str):
         self.key = key
         self._counts: dict[str, int] = {}
+        self._dropped = 0
         self._lock = threading.Lock()
 
     def add(self, text: str) -> None:
@@ -67,11 +69,15 @@ class ItemMessages:
         if not text:
             return
         with self._lock:
-            self._counts[text] = self._counts.get(text, 0) + 1
+            if text in self._counts or len(self._counts) < MAX_DISTINCT:
+                self._counts[text] = self._counts.get(text, 0) + 1
+            else:
+                self._dropped += 1
 
     def texts(self) -> list[str]:
         with self._lock:
-            return [text if n == 1 else f"{text} ({n} times)" for text, n in self._counts.items()]
+            kept = [text if n == 1 else f"{text} ({n} times)" for text, n in self._counts.items()]
+            return kept + ([f"... and {self._dropped} more messages, not kept"] if self._dropped else [])
 
     def raw(self) -> list[str]:
         """Distinct messages as captured, without repeat counts."""
@@ -293,7 +299,8 @@ class Capture:
         if scope is not None:
             scope.add(text)
         else:
-            self.outside += 1
+            with _lock:
+                self.outside += 1
         if self.on_message is not None:
             with contextlib.suppress(Exception):
                 self.on_message(scope.key if scope is not None else None, " ".join(text.split()))

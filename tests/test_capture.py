@@ -160,3 +160,11 @@ def test_a_live_progress_bar_keeps_drawing_on_the_real_stderr(capfd):
         reporter.finish(result.finish())
     err = capfd.readouterr().err
     assert "images" in err and "1 ok, 0 failed" in err and "foreign" not in err
+
+
+def test_an_item_keeps_at_most_a_bounded_number_of_distinct_messages():
+    with capture.Capture(fd=False), capture.item("noisy.gif") as messages:
+        for frame in range(capture.MAX_DISTINCT + 5):
+            warnings.warn(f"frame {frame}: odd disposal", UserWarning, stacklevel=1)
+    texts = messages.texts()
+    assert len(texts) == capture.MAX_DISTINCT + 1 and texts[-1] == "... and 5 more messages, not kept"

@@ -173,6 +173,10 @@ def test_bad_input_matrix(tmp_path, modality):
             assert cause in by_key[str(bad[kind])]["message"], by_key[str(bad[kind])]
     if "libtiff" in bad:  # the C library's own line, captured from fd 2, is in the record
         assert any(w.startswith("stderr: ") for w in by_key[str(bad["libtiff"])]["warnings"])
+    # ... and the same warnings are in the --jsonl record of the item.
+    items = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    failed = {r["key"]: r["warnings"] for r in items if r["type"] == "item" and r["status"] == "failed"}
+    assert failed == {key: r["warnings"] for key, r in by_key.items()}
 
 
 def _images(folder: Path, count: int) -> Path:

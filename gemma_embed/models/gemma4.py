@@ -153,9 +153,20 @@ class Gemma4VideoPreparer(_VisionPreparer):
     def prepare(self, video) -> PreparedItem:
         # The frames are (T, H, W, 3): say so. Left to guess, the processor reads a 1x1 or 3-pixel-wide frame as
         # channels-first (a 1x1 frame became a 1x3 strip, resized to 672x192) and logs "channel dimension is
-        # ambiguous".
+        # ambiguous". The metadata is what transformers fills in itself when given none, with the frame size it
+        # would otherwise guess from the array's shape (the same guess, and the same log line).
+        frames = video.frames
+        metadata = {
+            "total_num_frames": len(frames),
+            "fps": None,
+            "duration": None,
+            "frames_indices": list(range(len(frames))),
+            "height": int(frames.shape[1]),
+            "width": int(frames.shape[2]),
+        }
         out = self.processor(
-            videos=[video.frames],
+            videos=[frames],
+            video_metadata=[metadata],
             do_sample_frames=False,
             return_tensors="pt",
             max_soft_tokens=self.max_soft_tokens,
