@@ -58,14 +58,13 @@ def timed(fn, repeats: int = 3) -> float:
 
 
 def variants(ckpt: Path, folder: Path, budget: int) -> None:
-    from PIL import Image
-
+    from gemma_embed.media.image import decode_image
     from gemma_embed.models.gemma4 import Gemma4ImagePreparer, Gemma4VisionTower
     from gemma_embed.models.loading import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(str(ckpt))
     preparer = Gemma4ImagePreparer(checkpoint, budget)
-    units = [preparer.prepare(Image.open(f).convert("RGB")).units[0] for f in sorted(folder.iterdir())]
+    units = [preparer.prepare(decode_image(str(f))).units[0] for f in sorted(folder.iterdir())]
     by_length: dict[int, list] = {}
     for u in units:
         by_length.setdefault(u.length, []).append(u)
@@ -135,8 +134,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         ckpt = build_workload(tmp, args)
-        from PIL import Image
-
+        from gemma_embed.media.image import decode_image
         from gemma_embed.models.gemma4 import Gemma4ImagePreparer, Gemma4VisionTower
         from gemma_embed.models.loading import resolve_checkpoint
 
@@ -152,7 +150,7 @@ def main() -> None:
         for budget in [int(b) for b in args.budgets.split(",")]:
             preparer = Gemma4ImagePreparer(checkpoint, budget)
             files = sorted((tmp / "images").iterdir())
-            units = [preparer.prepare(Image.open(f).convert("RGB")).units[0] for f in files]
+            units = [preparer.prepare(decode_image(str(f))).units[0] for f in files]
             per_length = {u.length: tower_flops(tower, u) for u in {u.length: u for u in units}.values()}
             flops = sum(per_length[u.length] for u in units)  # FLOPs depend on the patch count alone
             for overlap in args.overlap.split(","):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gemma_embed.memory import parse_budget
+from gemma_embed.sources import parse_extensions
 
 DEFAULT_MODEL = "google/gemma-4-e2b-it"
 IMAGE_SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
@@ -187,6 +188,14 @@ class RunConfig:
     # Input -----------------------------------------------------------------------------------------------
     modality: Modality = option(Modality.images, "What the paths hold.", commands=PLAN, metavar="KIND")
     inputs: tuple[str, ...] = ()  # files, folders or "-": the commands' PATH argument
+    ext: tuple[str, ...] | None = option(
+        None,
+        "Walk folders for these extensions only (default: all the decoders read).",
+        commands=EMBED + PLAN,
+        cli_type=str,
+        parse=parse_extensions,
+        metavar="EXT,...",
+    )
     null_separated: bool = option(
         False, "Paths on stdin are NUL-separated (find -print0).", commands=EMBED + PLAN, long="--null", flags=("-0",)
     )
@@ -339,6 +348,8 @@ class RunConfig:
                 except ValueError:
                     choices = ", ".join(m.value for m in kind)
                     raise ValueError(f"{f.name}={value!r}: choose one of {choices}") from None
+        if self.ext is not None and not (isinstance(self.ext, tuple) and all(e.startswith(".") for e in self.ext)):
+            object.__setattr__(self, "ext", parse_extensions(self.ext))
         if isinstance(self.inputs, (str, Path)):
             object.__setattr__(self, "inputs", (str(self.inputs),))
         else:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from gemma_embed import capture
 from gemma_embed.errors import ItemError
 from gemma_embed.media import file_facts
 from gemma_embed.models.base import PreparedItem
@@ -26,6 +27,7 @@ class Prepared:
     error: ItemError | None = None
     reuse: str | None = None  # --resume: the saved key whose rows this item takes (same content)
     facts: dict | None = None  # size, mtime, content hash of the file
+    warnings: list[str] = field(default_factory=list)  # what libraries said while it was decoded and prepared
 
     @property
     def work(self) -> int:
@@ -34,7 +36,17 @@ class Prepared:
 
 
 def decode_and_prepare(modality, source: Source, lookup: Lookup | None = None) -> Prepared:
-    """One source through `modality.decode` and its preparer; any failure becomes the item's error record."""
+    """One source through `modality.decode` and its preparer; any failure becomes the item's error record.
+    What libraries say meanwhile (warnings, logging, fd 2) is captured for this item (capture.py)."""
+    with capture.item(source.key) as messages:
+        prepared = _decode_and_prepare(modality, source, lookup)
+    prepared.warnings = messages.texts()
+    if prepared.error is not None:
+        prepared.error.warnings = prepared.warnings
+    return prepared
+
+
+def _decode_and_prepare(modality, source: Source, lookup: Lookup | None) -> Prepared:
     if source.error:
         return Prepared(source, error=ItemError(source.key, "find", source.error, "FileNotFoundError"))
     stage = "decode"
@@ -43,7 +55,8 @@ def decode_and_prepare(modality, source: Source, lookup: Lookup | None = None) -
         reuse = lookup(source.key, facts["sha256"]) if lookup is not None else None
         if reuse is not None:
             return Prepared(source, reuse=reuse, facts=facts)
-        decoded = modality.decode(source.path)
+        with capture.native():  # the C libraries run here: what they print on fd 2 is this item's
+            decoded = modality.decode(source.path)
         stage = "prepare"
         item = modality.preparer.prepare(decoded)
     except Exception as exc:  # noqa: BLE001 - a bad file is a record, never the end of the run

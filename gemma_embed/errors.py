@@ -34,6 +34,7 @@ class ItemError(GemmaEmbedError):
         self.error_type = error_type or type(self).__name__
         self.message = " ".join(str(message).split())  # always one line
         self.traceback_text = traceback_text  # shown with --debug only
+        self.warnings: list[str] = []  # what libraries said while this item was decoded (capture.py)
         super().__init__(f"{key}: {self.message}")
 
     @classmethod
@@ -46,4 +47,10 @@ class ItemError(GemmaEmbedError):
         return cls(key, stage, text, type(exc).__name__, "".join(traceback.format_exception(exc)))
 
     def as_record(self) -> dict:
-        return {"key": self.key, "stage": self.stage, "error": self.error_type, "message": self.message}
+        return {
+            "key": self.key,
+            "stage": self.stage,
+            "error": self.error_type,
+            "message": self.message,
+            "warnings": list(self.warnings),
+        }

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
-from gemma_embed import distributed, memory, store
+from gemma_embed import capture, distributed, memory, store
 from gemma_embed.config import RunConfig
 from gemma_embed.decoding import WINDOW_ITEMS, Prepared, prepared_stream
 from gemma_embed.device import dtype_name, resolve_device, resolve_dtype
@@ -27,7 +28,7 @@ from gemma_embed.modalities import ModalityStages, build_modality
 from gemma_embed.pooling import pool_rows
 from gemma_embed.progress import Reporter
 from gemma_embed.result import RunResult
-from gemma_embed.sources import Source, iter_sources
+from gemma_embed.sources import Source, iter_sources, require_input, skipped_note
 
 # Decode the next window while a CPU encodes this one? Off: on the CPU they compete for the same cores
 # (bench/README.md has the measurements); on an accelerator the overlap is always on.
@@ -89,6 +90,9 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
     store.check_output_path(output, config.overwrite, config.resume)
     if part.is_split:
         store.check_output_path(config.output, config.overwrite, config.resume)
+    skipped: Counter = Counter()  # files the folder walk passes over, by extension
+    found = iter_sources(config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped)
+    found = require_input(found, config.inputs, config.modality, config.ext, skipped)  # before loading a model
     result = RunResult()
     with stop_on_signals(immediate=True) as stop:
         try:
@@ -108,7 +112,7 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
             prune=config.prune,
             shard_size=config.shard_size,
         )
-        sources = distributed.take(iter_sources(config.inputs, config.modality, stdin, config.null_separated), part)
+        sources = distributed.take(found, part)
         result = RunResult(device=str(loaded.device), dtype=dtype_name(loaded.dtype))
         reporter.start(
             str(config.modality) if not part.is_split else f"{config.modality} [{part.index}/{part.count}]", result
@@ -117,27 +121,40 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
             _count_in_background(config, part, reporter)
         if loaded.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(loaded.device)
-        engine = Engine(
-            loaded.stages.tower, config.space, loaded.budget_spec, config.batch_size, reporter, should_stop=stop.check
-        )
-        try:
-            _embed_all(
-                config, loaded.stages, engine, writer, sources, _Finisher(config, writer, reporter, result), stop
+        captured = capture.Capture(reporter)  # library messages go to the items that cause them, not stderr
+        with captured:
+            engine = Engine(
+                loaded.stages.tower,
+                config.space,
+                loaded.budget_spec,
+                config.batch_size,
+                reporter,
+                should_stop=stop.check,
             )
-        except Interrupted as interrupted:
-            store.guarded_write(writer.flush, writer.parts)
-            store.write_errors(output, result.failures)
-            saved = writer.saved_in_parts
-            if saved:
-                reporter.note(
-                    f"interrupted by {interrupted}: {saved} items are saved in {writer.parts}; "
-                    f"run the same command with --resume to finish"
+            try:
+                _embed_all(
+                    config, loaded.stages, engine, writer, sources, _Finisher(config, writer, reporter, result), stop
                 )
-            else:
-                reporter.note(f"interrupted by {interrupted} before any item finished; nothing to save")
-            result.interrupted, result.signum, result.items = str(interrupted), interrupted.signum, saved
-            reporter.finish(result.finish())
-            return result
+            except Interrupted as interrupted:
+                store.guarded_write(writer.flush, writer.parts)
+                store.write_errors(output, result.failures)
+                saved = writer.saved_in_parts
+                if saved:
+                    reporter.note(
+                        f"interrupted by {interrupted}: {saved} items are saved in {writer.parts}; "
+                        f"run the same command with --resume to finish"
+                    )
+                else:
+                    reporter.note(f"interrupted by {interrupted} before any item finished; nothing to save")
+                result.skipped = sum(skipped.values())
+                result.interrupted, result.signum, result.items = str(interrupted), interrupted.signum, saved
+                reporter.finish(result.finish())
+                return result
+    result.skipped = sum(skipped.values())
+    if note := skipped_note(config.modality, skipped):
+        reporter.note(note)
+    if captured.outside and not config.debug:
+        reporter.note(f"{captured.outside} library messages outside any item were hidden (--debug shows them)")
     result.output = store.guarded_write(writer.close, output)
     result.items, result.kept, result.pruned = writer.items_written, writer.kept, writer.pruned
     store.write_errors(output, result.failures)
@@ -158,7 +175,7 @@ def _count_in_background(config: RunConfig, part: distributed.Slice, reporter: R
     inputs, in a daemon thread. Never for stdin, which can be read only once."""
 
     def count() -> None:
-        total = sum(1 for _ in distributed.take(iter_sources(config.inputs, config.modality), part))
+        total = sum(1 for _ in distributed.take(iter_sources(config.inputs, config.modality, ext=config.ext), part))
         reporter.set_total(total)
 
     threading.Thread(target=count, name="count-inputs", daemon=True).start()
@@ -179,7 +196,8 @@ class _Finisher:
         self.result.item_done(0, resumed=True)
         self.reporter.item_done(p.source.key, 0, resumed=True)
 
-    def failed(self, error: ItemError) -> None:
+    def failed(self, error: ItemError, warnings: list[str] | None = None) -> None:
+        error.warnings = error.warnings or list(warnings or [])
         self.result.item_failed(error)
         self.reporter.item_failed(error)
         if self.config.on_error == "stop":
@@ -187,14 +205,14 @@ class _Finisher:
 
     def done(self, p: Prepared, rows) -> None:
         if isinstance(rows, ItemError):
-            self.failed(rows)
+            self.failed(rows, p.warnings)
             return
         pooled = pool_rows(rows, self.config.pool, p.item.rows_per_unit)
         store.guarded_write(
             lambda: self.writer.add(p.source.key, pooled, p.item.meta, p.source.position), self.writer.parts
         )
-        self.result.item_done(int(pooled.shape[0]))
-        self.reporter.item_done(p.source.key, int(pooled.shape[0]))
+        self.result.item_done(int(pooled.shape[0]), warnings=p.warnings)
+        self.reporter.item_done(p.source.key, int(pooled.shape[0]), warnings=p.warnings)
 
 
 def _embed_all(
@@ -247,17 +265,20 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> dic
     """Dry run: device, memory, buckets and the chunk each would get now. Loads the tower (for its cost model)
     but encodes nothing."""
     reporter = reporter or Reporter.silent()
+    skipped: Counter = Counter()
+    found = iter_sources(config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped)
+    sources = list(require_input(found, config.inputs, config.modality, config.ext, skipped))
     loaded = _load(config)
     engine = Engine(loaded.stages.tower, config.space, loaded.budget_spec, config.batch_size)
-    sources = list(iter_sources(config.inputs, config.modality, stdin, config.null_separated))
     lengths: list[int] = []
     failures = []
-    for window in prepared_stream(loaded.stages, sources, config.workers):
-        for p in window:
-            if p.error:
-                failures.append(p.error.as_record())
-            else:
-                lengths += [u.length for u in p.item.units]
+    with capture.Capture(reporter):
+        for window in prepared_stream(loaded.stages, sources, config.workers):
+            for p in window:
+                if p.error:
+                    failures.append(p.error.as_record())
+                else:
+                    lengths += [u.length for u in p.item.units]
     free, total = memory.device_memory(loaded.device)
     buckets = []
     for group in engine.grouping()(lengths):
@@ -279,6 +300,7 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> dic
         "total_memory": total,
         "budget": memory.budget(free, total, loaded.budget_spec),
         "items": len(sources),
+        "skipped": sum(skipped.values()),
         "units": len(lengths),
         "buckets": buckets,
         "failures": failures,

@@ -148,10 +148,22 @@ class Reporter:
     def warning(self, message: str) -> None:
         self._err(f"warning: {message}")
 
-    def item_done(self, key: str, rows: int, resumed: bool = False) -> None:
+    def item_done(self, key: str, rows: int, resumed: bool = False, warnings: list[str] | None = None) -> None:
         if self.jsonl:
-            self._out({"type": "item", "key": key, "status": "resumed" if resumed else "ok", "rows": rows})
+            status = "resumed" if resumed else "ok"
+            self._out({"type": "item", "key": key, "status": status, "rows": rows, "warnings": list(warnings or [])})
         self._advance()
+
+    def library_message(self, key: str | None, message: str) -> None:
+        """What a library said (capture.py): attached to the item's record; shown live only with --debug."""
+        if self.debug:
+            self._err(f"warning: {printable(key)}: {printable(message)}" if key else f"warning: {printable(message)}")
+
+    def send_stderr_to(self, stream: IO[str]) -> None:
+        """Write the tool's own lines to `stream` from now on (capture.py points fd 2 elsewhere for a run)."""
+        self.stderr = stream
+        if self._progress is not None:
+            self._progress.console.file = stream
 
     def item_failed(self, error: ItemError) -> None:
         record = error.as_record()
@@ -198,8 +210,9 @@ class Reporter:
         if self.stdout_closed and result.output:
             self.note(f"stdout closed; {result.items} items written to {result.output}")
         if not self.quiet:
+            skipped = f", {result.skipped} skipped" if result.skipped else ""
             line = (
-                f"{result.ok} ok, {result.failed} failed in {result.seconds:.1f} s "
+                f"{result.ok} ok, {result.failed} failed{skipped} in {result.seconds:.1f} s "
                 f"({result.items_per_s or 0:.2f} items/s)"
             )
             if result.peak_device_memory is not None:

@@ -20,6 +20,8 @@ class RunResult:
     kept: int = 0  # --resume: items of the existing output this input does not name, kept
     pruned: int = 0  # --resume --prune: such items dropped
     rows: int = 0  # rows computed by this run
+    skipped: int = 0  # files in walked folders whose extension the walk does not take (never silent)
+    with_warnings: int = 0  # items whose record carries library warnings (capture.py)
     failures: list[dict] = field(default_factory=list)  # one record per failed item (key, stage, error, message)
     output: Path | None = None  # the file written (or the index of shards); None when interrupted
     items: int = 0  # items in this run's output
@@ -35,13 +37,15 @@ class RunResult:
     seconds: float = 0.0
 
     # ------------------------------------------------------------------------------------------- updates
-    def item_done(self, rows: int, resumed: bool = False) -> None:
+    def item_done(self, rows: int, resumed: bool = False, warnings: list[str] | None = None) -> None:
         self.ok += 1
         self.resumed += resumed
         self.rows += rows
+        self.with_warnings += bool(warnings)
 
     def item_failed(self, error: ItemError) -> None:
         self.failed += 1
+        self.with_warnings += bool(error.warnings)
         self.failures.append(error.as_record())
 
     def finish(self) -> RunResult:
@@ -66,6 +70,8 @@ class RunResult:
             "resumed": self.resumed,
             "kept": self.kept,
             "pruned": self.pruned,
+            "skipped": self.skipped,
+            "with_warnings": self.with_warnings,
             "rows": self.rows,
             "seconds": round(self.seconds, 3),
             "items_per_s": self.items_per_s,

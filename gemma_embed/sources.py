@@ -2,18 +2,52 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-EXTENSIONS = {
-    "images": {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"},
-    "video": {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".gif"},
-    "audio": {".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".m4a", ".aac", ".wma", ".aiff", ".aif"},
-}
+from gemma_embed.errors import UsageError
+
+
+@functools.cache
+def extensions(modality: str) -> frozenset[str]:
+    """The extensions a folder walk takes for a modality: what its decoders register here (Pillow for images;
+    FFmpeg's video containers for video; FFmpeg's audio formats, libsndfile's and the video containers, for
+    their soundtracks, for audio). Lower case, with the dot."""
+    if modality == "images":
+        from gemma_embed.media.image import extensions as found
+    elif modality == "video":
+        from gemma_embed.media.video import extensions as found
+    elif modality == "audio":
+        from gemma_embed.media.audio import extensions as found
+    else:
+        raise ValueError(f"no such modality: {modality}")
+    return frozenset(found())
+
+
+def parse_extensions(text: str | Iterable[str] | None) -> tuple[str, ...] | None:
+    """ "jpg,PNG, .webp" -> (".jpg", ".png", ".webp"); None stays None (the modality's own set)."""
+    if text is None:
+        return None
+    parts = text.split(",") if isinstance(text, str) else list(text)
+    found = []
+    for part in parts:
+        ext = str(part).strip().lower()
+        if not ext:
+            continue
+        ext = "." + ext.lstrip(".")
+        if ext == "." or "/" in ext or os.sep in ext:
+            raise ValueError(f"not a file extension: {part!r}")
+        if ext not in found:
+            found.append(ext)
+    if not found:
+        raise ValueError("give at least one extension, e.g. jpg,png")
+    return tuple(found)
 
 
 @dataclass(frozen=True)
@@ -35,12 +69,15 @@ def read_path_list(stream: IO[bytes] | IO[str], null_separated: bool) -> list[st
     return [p.rstrip("\r") if not null_separated else p for p in data.split(sep) if p.strip()]
 
 
-def _walk(folder: Path, extensions: set[str]) -> Iterator[Path]:
+def _walk(folder: Path, extensions: Iterable[str], skipped: Counter | None) -> Iterator[Path]:
     for root, dirs, files in os.walk(folder, followlinks=False):
         dirs.sort()
         for name in sorted(files):
-            if Path(name).suffix.lower() in extensions:
+            suffix = Path(name).suffix.lower()
+            if suffix in extensions:
                 yield Path(root) / name
+            elif skipped is not None:
+                skipped[suffix or "(none)"] += 1
 
 
 def iter_sources(
@@ -48,25 +85,28 @@ def iter_sources(
     modality: str,
     stdin: IO | None = None,
     null_separated: bool = False,
+    ext: Iterable[str] | None = None,
+    skipped: Counter | None = None,
 ) -> Iterator[Source]:
     """Yield each item once, in input order; folders are walked recursively in sorted order.
 
     Keys: the path as given for files, the path relative to the folder for folder contents (prefixed with the
-    folder as given when that name is already taken). Folders on the command line are walked; entries of a
-    stdin list must be files. A path that cannot be an item (missing, dangling link, a folder in a list) is
-    yielded with an error so the run reports it and goes on.
+    folder as given when that name is already taken). Folders are walked for `ext` (default: the modality's
+    `extensions`), whether given as arguments or listed on stdin; files named explicitly are taken whatever
+    their extension. Files a walk passes over are counted in `skipped` by extension. A path that cannot be an
+    item (missing, dangling link) is yielded with an error so the run reports it and goes on.
     """
-    extensions = EXTENSIONS[modality]
+    walked = frozenset(ext) if ext else extensions(modality)
     seen_paths: set[str] = set()
     seen_keys: set[str] = set()
 
-    def expanded() -> Iterator[tuple[str, bool]]:
+    def expanded() -> Iterator[str]:
         for given in inputs:
             if given == "-":
                 stream = stdin if stdin is not None else sys.stdin.buffer
-                yield from ((p, True) for p in read_path_list(stream, null_separated))
+                yield from read_path_list(stream, null_separated)
             else:
-                yield given, False
+                yield given
 
     def emit(key: str, path: Path, error: str | None = None) -> Iterator[Source]:
         ident = os.path.realpath(path) if error is None else str(path)
@@ -76,13 +116,10 @@ def iter_sources(
         seen_keys.add(key)
         yield Source(key=key, path=str(path), error=error, position=len(seen_paths) - 1)
 
-    for given, listed in expanded():
+    for given in expanded():
         path = Path(given)
-        if path.is_dir() and listed:
-            # A stdin list names files (find . -name '*.jpg' also prints folders called x.jpg).
-            yield from emit(given, path, "is a directory, not a media file")
-        elif path.is_dir():
-            for file in _walk(path, extensions):
+        if path.is_dir():
+            for file in _walk(path, walked, skipped):
                 rel = file.relative_to(path).as_posix()
                 key = rel if rel not in seen_keys else (path / rel).as_posix()
                 yield from emit(key, file)
@@ -92,3 +129,49 @@ def iter_sources(
             yield from emit(given, path, "dangling symbolic link (its target does not exist)")
         else:
             yield from emit(given, path, "no such file or directory")
+
+
+def require_input(
+    sources: Iterator[Source], inputs: Iterable[str], modality: str, ext: Iterable[str] | None, skipped: Counter
+) -> Iterator[Source]:
+    """The same sources, lazily; UsageError before the first if there is none at all (a wrong folder or the
+    wrong command: `gemma-embed images videos/` must not succeed with an empty output)."""
+    first = next(sources, None)
+    if first is None:
+        raise UsageError(no_input_message(inputs, modality, ext, skipped))
+
+    def chained() -> Iterator[Source]:
+        yield first
+        yield from sources
+
+    return chained()
+
+
+def no_input_message(inputs: Iterable[str], modality: str, ext: Iterable[str] | None, skipped: Counter) -> str:
+    """One line: where it looked, for what, and what it passed over."""
+    given = [i for i in inputs if i != "-"]
+    where = ", ".join(given[:3]) + (f" and {len(given) - 3} more" if len(given) > 3 else "")
+    if "-" in inputs:
+        where = (where + " and " if where else "") + "the list on stdin"
+    wanted = sorted(ext) if ext else sorted(extensions(modality))
+    shown = " ".join(wanted[:12]) + (f" ... ({len(wanted)} extensions, see README)" if len(wanted) > 12 else "")
+    noun = {"images": "image"}.get(str(modality), str(modality))
+    line = f"no {noun} files found in {where or 'the arguments'}: looked for {shown}"
+    if skipped:
+        passed = ", ".join(f"{e} x{n}" for e, n in skipped.most_common(5))
+        more = "" if len(skipped) <= 5 else f", {len(skipped) - 5} more kinds"
+        line += f"; passed over {sum(skipped.values())} files ({passed}{more}); --ext chooses the extensions"
+    return line
+
+
+def skipped_note(modality: str, skipped: Counter) -> str | None:
+    """A note for the end of a run: the files the walk passed over, by extension."""
+    if not skipped:
+        return None
+    kinds = ", ".join(f"{e} x{n}" for e, n in skipped.most_common(5))
+    more = "" if len(skipped) <= 5 else f", {len(skipped) - 5} more kinds"
+    total = sum(skipped.values())
+    return (
+        f"skipped {total} file{'s' if total != 1 else ''} the folder walk does not take for {modality} "
+        f"({kinds}{more}); --ext chooses the extensions"
+    )

@@ -143,8 +143,11 @@ def test_tail_shorter_than_a_frame_is_recorded_not_dropped_silently(gemma4_dir, 
     item = preparer.prepare(DecodedAudio(samples, RATE, RATE, 1, "test"))
     assert [w["rows"] for w in item.meta["windows"]] == [25, 25, 0]
     assert len(item.units) == 2
-    with pytest.raises(ValueError, match="too short to embed"):
+    with pytest.raises(ValueError, match=r"^too short: 100 samples, one frame needs 161$"):
         preparer.prepare(DecodedAudio(samples[:100], RATE, RATE, 1, "test"))
+    # 161 is the extractor's own threshold: 160 samples give it no valid frame, 161 give one.
+    valid = [int(extractor([samples[:n]], return_tensors="pt")["input_features_mask"].sum()) for n in (160, 161)]
+    assert valid == [0, 1]
 
 
 # ------------------------------------------------------------------------------------------- loading

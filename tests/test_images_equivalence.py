@@ -94,7 +94,8 @@ def test_exif_orientation_is_applied(tmp_path, gemma4_dir):
     exif = Image.Exif()
     exif[0x0112] = 6  # rotate 90 degrees clockwise to display
     Image.new("RGB", (320, 240), (200, 10, 10)).save(path, exif=exif.tobytes())
-    assert decode_image(str(path)).size == (240, 320)
+    decoded = decode_image(str(path))
+    assert decoded.image.size == (240, 320) and decoded.mode == "RGB" and decoded.frames_in_file == 1
 
 
 def test_bfloat16_is_as_close_to_float32_as_transformers_own_bfloat16(

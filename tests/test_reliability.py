@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -66,9 +67,16 @@ MATRIX = {
 }
 
 
+REAL_BAD = ROOT / "tests" / "media" / "bad"
+# The tool's own stderr lines: error:/warning:/note: lines and the closing summary line.
+OWN_LINE = re.compile(r"^(error|warning|note): |^\d+ ok, \d+ failed")
+
+
 def _modality_specific_bad_files(modality: str, folder: Path) -> dict[str, Path]:
     if modality == "images":
-        return {"bomb": png_bomb(folder / "bomb.png")}
+        # A libtiff that prints its reason on fd 2 while Pillow raises "decoder error -2".
+        webp = Path(shutil.copy(REAL_BAD / "webp-compressed.tif", folder / "webp-compressed.tif"))
+        return {"bomb": png_bomb(folder / "bomb.png"), "libtiff": webp}
     if modality == "video":
         from make_video_samples import write_audio_only
 
@@ -78,7 +86,9 @@ def _modality_specific_bad_files(modality: str, folder: Path) -> dict[str, Path]
 
     silent = folder / "zero-samples.wav"
     soundfile.write(silent, np.zeros(0, dtype=np.float32), 16000)
-    return {"zero samples": silent}
+    short = Path(shutil.copy(REAL_BAD / "five-samples.wav", folder / "five-samples.wav"))
+    raw = Path(shutil.copy(REAL_BAD / "headerless.raw", folder / "headerless.raw"))
+    return {"zero samples": silent, "too short": short, "headerless": raw}
 
 
 @pytest.mark.parametrize("modality", list(MATRIX))
@@ -98,7 +108,6 @@ def test_bad_input_matrix(tmp_path, modality):
         "text": folder / f"notes{ext}",
         "dangling link": folder / f"dangling{ext}",
         "unreadable": folder / f"locked{ext}",
-        "folder": folder / f"album{ext}",
         "missing": folder / f"missing{ext}",
         "fifo": folder / f"pipe{ext}",
         "non-utf8 name": Path(os.fsdecode(os.fsencode(str(folder)) + b"/caf\xe9-broken" + os.fsencode(ext))),
@@ -110,12 +119,15 @@ def test_bad_input_matrix(tmp_path, modality):
     os.symlink(folder / f"gone{ext}", bad["dangling link"])
     shutil.copy(good[0], bad["unreadable"])
     bad["unreadable"].chmod(0)
-    bad["folder"].mkdir()
     os.mkfifo(bad["fifo"])
+    album = folder / f"album{ext}"  # a folder in the list is walked like an argument (find also prints folders)
+    album.mkdir()
+    inside = Path(shutil.copy(good[1], album / f"inside{good[1].suffix}"))
+    (album / "readme.txt").write_text("not media\n")  # passed over by the walk: counted as skipped
     bad["non-utf8 name"].write_bytes(b"\x00\x01 garbage" * 10)
     bad.update(_modality_specific_bad_files(modality, folder))
 
-    listing = b"".join(os.fsencode(str(p)) + b"\0" for p in [good[0], *bad.values(), good[1], good[2]])
+    listing = b"".join(os.fsencode(str(p)) + b"\0" for p in [good[0], *bad.values(), good[1], good[2], album])
     out = tmp_path / "out.safetensors"
     started = time.monotonic()
     proc = gemma_embed_cmd(
@@ -135,6 +147,8 @@ def test_bad_input_matrix(tmp_path, modality):
     stderr = proc.stderr.decode("utf-8", "replace")
     assert proc.returncode == 1, stderr
     assert "Traceback" not in stderr
+    foreign = [line for line in stderr.splitlines() if line.strip() and not OWN_LINE.match(line)]
+    assert foreign == [], stderr  # libraries' messages go to the items' records, not to stderr
     errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == len(bad), "\n".join(errors)
     for kind, path in bad.items():
@@ -142,10 +156,27 @@ def test_bad_input_matrix(tmp_path, modality):
         assert sum(name in line for line in errors) == 1, (kind, errors)
     assert any("permission denied" in line.lower() for line in errors)
     written = gemma_embed.load(out)
-    assert list(written) == [str(p) for p in good]
+    assert list(written) == [str(p) for p in good] + [inside.name]
     records = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
     assert len(records) == len(bad) and {r["stage"] for r in records} <= {"find", "decode", "prepare"}
-    assert all(set(r) == {"key", "stage", "error", "message"} for r in records)
+    assert all(set(r) == {"key", "stage", "error", "message", "warnings"} for r in records)
+    summary = json.loads(proc.stdout.decode().splitlines()[-1])
+    assert summary["skipped"] == 1
+    by_key = {r["key"]: r for r in records}
+    causes = {
+        "libtiff": "WEBP compression support is not configured",
+        "too short": "too short: 5 samples at 11025 Hz",
+        "headerless": "not an audio file (FFmpeg sees rawvideo)",
+    }
+    for kind, cause in causes.items():
+        if kind in bad:
+            assert cause in by_key[str(bad[kind])]["message"], by_key[str(bad[kind])]
+    if "libtiff" in bad:  # the C library's own line, captured from fd 2, is in the record
+        assert any(w.startswith("stderr: ") for w in by_key[str(bad["libtiff"])]["warnings"])
+    # ... and the same warnings are in the --jsonl record of the item.
+    items = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    failed = {r["key"]: r["warnings"] for r in items if r["type"] == "item" and r["status"] == "failed"}
+    assert failed == {key: r["warnings"] for key, r in by_key.items()}
 
 
 def _images(folder: Path, count: int) -> Path:

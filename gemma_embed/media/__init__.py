@@ -26,3 +26,20 @@ def file_facts(path: str) -> dict:
         while block := fh.read(_HASH_BLOCK):
             digest.update(block)
     return {"bytes": st.st_size, "mtime": st.st_mtime, "sha256": digest.hexdigest()}
+
+
+def ffmpeg_extensions(formats: tuple[str, ...], leave_out: frozenset[str] = frozenset()) -> set[str]:
+    """The file extensions FFmpeg (through PyAV) registers for these formats, demuxer and muxer of each name
+    (a demuxer often lists none and relies on probing: WAV, ASF, MPEG-TS), less `leave_out`."""
+    import av
+
+    found: set[str] = set()
+    for name in formats:
+        if name not in av.formats_available:
+            continue
+        for mode in ("r", "w"):
+            try:
+                found |= {f".{e.lower()}" for e in av.ContainerFormat(name, mode).extensions}
+            except ValueError:
+                pass  # no muxer (or no demuxer) of that name
+    return found - leave_out

@@ -10,16 +10,45 @@ blocks: each block is downmixed to mono (the mean of the channels) and fed to on
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from gemma_embed.media import OPEN_TIMEOUT_S
+from gemma_embed.media import OPEN_TIMEOUT_S, ffmpeg_extensions
 
 BLOCK_FRAMES = 1 << 16  # source frames per block read from soundfile
-SOUNDFILE_EXTENSIONS = {".wav", ".wave", ".flac", ".ogg", ".oga", ".aiff", ".aif", ".aifc", ".au", ".w64", ".caf"}
+# FFmpeg's audio formats (PyAV names) whose extensions are walked for audio, beside the video containers (for
+# their soundtracks) and libsndfile's formats.
+AUDIO_FORMATS = (
+    "wav", "w64", "rf64", "mp3", "aac", "adts", "flac", "ogg", "oga", "opus", "spx", "aiff", "au", "caf", "ape",
+    "wv", "tak", "tta", "amr", "ac3", "eac3", "dts", "truehd", "mlp", "mpc", "shn", "voc", "ircam", "nistsphere",
+    "gsm", "oma", "ipod", "rm", "wsaud", "qoa", "asf", "matroska",
+)  # fmt: skip
+# libsndfile's formats: soundfile takes a file's format from its extension, upper-cased (WAV, FLAC, AIFF, ...).
+# RAW is headerless (it needs the sample format given); MP3 goes to PyAV (see the module docstring).
+NOT_SOUNDFILE = frozenset({".raw", ".mp3"})
+SOUNDFILE_ALIASES = {".wave", ".oga", ".aif", ".aifc"}
+# Extensions of those formats that never hold sound: Matroska subtitles, and GIF among the video containers.
+NOT_AUDIO = frozenset({".mks", ".gif"})
+
+
+def soundfile_extensions() -> set[str]:
+    """Extensions soundfile reads (its available formats, lower-cased), and the aliases libsndfile accepts."""
+    import soundfile as sf
+
+    return ({f".{name.lower()}" for name in sf.available_formats()} | SOUNDFILE_ALIASES) - NOT_SOUNDFILE
+
+
+def extensions() -> set[str]:
+    """Extensions walked for audio: FFmpeg's audio formats, libsndfile's, and FFmpeg's video containers (their
+    soundtracks are embedded)."""
+    from gemma_embed.media.video import extensions as video_extensions
+
+    found = ffmpeg_extensions(AUDIO_FORMATS) | soundfile_extensions() | {".mp3"} | video_extensions()
+    return found - NOT_AUDIO
 
 
 class AudioDecodeError(ValueError):
@@ -33,6 +62,7 @@ class DecodedAudio:
     source_rate: int  # the file's own rate
     channels: int  # the file's channel count, before the downmix
     decoder: str  # "soundfile" or "pyav"
+    source_samples: int = -1  # samples per channel in the file, at `source_rate` (-1: not counted)
 
     @property
     def duration_s(self) -> float:
@@ -52,6 +82,7 @@ class MonoResampler:
         self.source_rate = int(source_rate)
         self.target_rate = int(target_rate)
         self.parts: list[np.ndarray] = []
+        self.source_samples = 0  # frames fed in, at the source rate
         self._resampler = None
         if self.source_rate != self.target_rate:
             self._resampler = av.AudioResampler(format="flt", layout="mono", rate=self.target_rate)
@@ -60,6 +91,7 @@ class MonoResampler:
         """block: (channels, frames) float32 at the source rate."""
         if block.shape[-1] == 0:
             return
+        self.source_samples += int(block.shape[-1])
         mono = np.ascontiguousarray(block.mean(axis=0, dtype=np.float32)[None, :], dtype=np.float32)
         if self._resampler is None:
             self.parts.append(mono[0])
@@ -116,7 +148,10 @@ def _decode_with_soundfile(path: str, info, target_rate: int) -> DecodedAudio:
     except (sf.LibsndfileError, RuntimeError) as exc:
         # libsndfile knew the format from the header, so a failure past it means the data itself is bad.
         raise AudioDecodeError(f"truncated or corrupt {info.format} audio: {_one_line(exc)}") from None
-    return DecodedAudio(resampler.finish(), target_rate, int(info.samplerate), int(info.channels), "soundfile")
+    samples = resampler.finish()
+    return DecodedAudio(
+        samples, target_rate, int(info.samplerate), int(info.channels), "soundfile", resampler.source_samples
+    )
 
 
 # ------------------------------------------------------------------------------------------ PyAV
@@ -126,13 +161,13 @@ def _decode_with_pyav(path: str, target_rate: int) -> DecodedAudio:
     import av
 
     try:
-        container = av.open(path, timeout=OPEN_TIMEOUT_S)
+        # Tags that are not UTF-8 (Latin-1 titles from old muxers) would abort the open; replace the bad bytes.
+        container = av.open(path, timeout=OPEN_TIMEOUT_S, metadata_errors="replace")
     except av.FFmpegError:
         raise AudioDecodeError("not a recognised audio format") from None
     with container:
         if not container.streams.audio:
-            kinds = sorted({s.type for s in container.streams}) or ["no streams"]
-            raise AudioDecodeError(f"no audio stream in this file ({', '.join(kinds)})")
+            raise AudioDecodeError(_no_audio_reason(container))
         stream = container.streams.audio[0]
         resampler = None
         channels = 0
@@ -148,9 +183,24 @@ def _decode_with_pyav(path: str, target_rate: int) -> DecodedAudio:
             ) from None
         if resampler is None:
             return DecodedAudio(
-                np.zeros(0, np.float32), target_rate, int(stream.rate or 0), int(stream.channels or 0), "pyav"
+                np.zeros(0, np.float32), target_rate, int(stream.rate or 0), int(stream.channels or 0), "pyav", 0
             )
-        return DecodedAudio(resampler.finish(), target_rate, int(resampler.source_rate), channels, "pyav")
+        samples = resampler.finish()
+        return DecodedAudio(
+            samples, target_rate, int(resampler.source_rate), channels, "pyav", resampler.source_samples
+        )
+
+
+def _no_audio_reason(container) -> str:
+    """A video file without sound says so; anything else FFmpeg merely guessed at (a headerless .raw file
+    probes as a raw image) is not an audio file, and the reason names what FFmpeg made of it."""
+    from gemma_embed.media.video import VIDEO_CONTAINERS
+
+    kinds = sorted({s.type for s in container.streams})
+    if container.format.name in VIDEO_CONTAINERS and kinds:
+        return f"no audio stream in this file ({', '.join(kinds)})"
+    codecs = sorted({s.codec_context.name for s in container.streams if s.codec_context is not None})
+    return f"not an audio file (FFmpeg sees {', '.join(codecs) or container.format.name})"
 
 
 def _planar_float(frame) -> np.ndarray:
@@ -174,13 +224,19 @@ def decode_audio(path: str, sample_rate: int = 16_000) -> DecodedAudio:
         raise AudioDecodeError("is a directory, not an audio file")
     if os.path.getsize(path) == 0:
         raise AudioDecodeError("empty file (0 bytes)")
-    info = _soundfile_info(path) if os.path.splitext(path)[1].lower() in SOUNDFILE_EXTENSIONS else None
+    info = _soundfile_info(path) if os.path.splitext(path)[1].lower() in _soundfile_extensions() else None
     decoded = _decode_with_soundfile(path, info, sample_rate) if info else _decode_with_pyav(path, sample_rate)
-    if decoded.samples.size == 0:
+    if decoded.samples.size == 0 and decoded.source_samples <= 0:
         raise AudioDecodeError("no audio samples (zero-length audio)")
+    # A few samples may resample to none; the preparer says how many one feature frame needs.
     if not np.isfinite(decoded.samples).all():
         raise AudioDecodeError("audio contains NaN or infinite samples")
     return decoded
+
+
+@functools.cache
+def _soundfile_extensions() -> frozenset[str]:
+    return frozenset(soundfile_extensions())
 
 
 def _one_line(exc: BaseException) -> str:

@@ -1,43 +1,135 @@
-"""Images: Pillow decode with EXIF orientation, RGB conversion and a decompression-bomb guard."""
+"""Images: Pillow decode of the first frame, EXIF orientation, transformers' own RGB conversion, and a
+decompression-bomb guard.
+
+The conversion to RGB is transformers' `image_transforms.convert_to_rgb`, the function its image processors
+(torchvision and PIL backends alike, `do_convert_rgb=True` in Gemma 4's) apply to a PIL image: an image with an
+alpha band or a `transparency` entry (RGBA, LA, PA, P or L with tRNS, and LAB, whose "A" band it counts) is
+composited onto white, every other mode goes through Pillow's `convert("RGB")` (CMYK, 1, I;16 and I clipped to
+0..255, F, YCbCr, ...). Calling that function, not a copy of it, keeps the two equal as transformers changes.
+(`transformers.image_utils.load_image`, used when a processor is handed a file path, converts with a plain
+`convert("RGB")` instead, which drops alpha without compositing; the processor's conversion is the one applied
+to the image itself, and the one the tests hold this decoder to.)
+"""
 
 from __future__ import annotations
 
-import warnings
+from dataclasses import dataclass, field
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
+from gemma_embed import capture
 from gemma_embed.media import MAX_PIXELS
 
 # Pillow's own default. Checked on the header, before any pixel is decoded.
 MAX_PIXELS = Image.MAX_IMAGE_PIXELS or MAX_PIXELS
+
+# Formats Pillow registers but cannot decode here, by reason (see `extensions`).
+IDENTIFY_ONLY = {"MPEG"}  # Pillow reads an MPEG file's header only; videos go to `gemma-embed video`
 
 
 class ImageDecodeError(ValueError):
     pass
 
 
-def decode_image(path: str, max_pixels: int = MAX_PIXELS) -> Image.Image:
-    """Return the upright RGB image; raise ImageDecodeError with a one-line reason."""
+@dataclass
+class DecodedImage:
+    image: Image.Image  # upright RGB, the first frame
+    mode: str  # the file's Pillow mode before the conversion (RGBA, P, I;16, CMYK, ...)
+    format: str  # Pillow's format name (PNG, JPEG, ...)
+    frames_in_file: int = 1  # frames or pages in the file; only the first is embedded
+    meta: dict = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.meta = {"image_format": self.format, "mode": self.mode, "frames_in_file": self.frames_in_file}
+
+    @property
+    def width(self) -> int:
+        return self.image.width
+
+    @property
+    def height(self) -> int:
+        return self.image.height
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """transformers' conversion of a PIL image to RGB (alpha composited onto white)."""
+    from transformers.image_transforms import convert_to_rgb
+
+    return Image.fromarray(convert_to_rgb(image, return_numpy=True), "RGB")
+
+
+def decode_image(path: str, max_pixels: int = MAX_PIXELS) -> DecodedImage:
+    """The upright first frame as RGB, converted as transformers converts; ImageDecodeError with a one-line
+    reason otherwise."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
-                width, height = img.size
-                if width * height > max_pixels:
-                    raise ImageDecodeError(
-                        f"{width}x{height} pixels exceeds the limit of {max_pixels} (decompression-bomb guard)"
-                    )
-                img.load()
-                upright = ImageOps.exif_transpose(img)
-                return upright.convert("RGB")
+        with Image.open(path) as img:
+            width, height = img.size
+            if width * height > max_pixels:
+                raise ImageDecodeError(
+                    f"{width}x{height} pixels exceeds the limit of {max_pixels} (decompression-bomb guard)"
+                )
+            frames = int(getattr(img, "n_frames", 1) or 1)
+            if frames > 1:
+                img.seek(0)
+            img.load()
+            mode, fmt = img.mode, img.format or ""
+            upright = ImageOps.exif_transpose(img)
+            return DecodedImage(to_rgb(upright), mode, fmt, frames)
     except ImageDecodeError:
         raise
     except UnidentifiedImageError:
         raise ImageDecodeError("not a recognised image format") from None
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+    except Image.DecompressionBombError as exc:
         raise ImageDecodeError(f"decompression-bomb guard: {exc}") from None
     except OSError as exc:
         reason = exc.strerror or str(exc) or type(exc).__name__
-        raise ImageDecodeError(f"cannot decode image: {reason}") from None
-    except (ValueError, SyntaxError) as exc:
-        raise ImageDecodeError(f"cannot decode image: {exc}") from None
+        raise ImageDecodeError(f"cannot decode image: {_with_library_cause(reason)}") from None
+    except (ValueError, SyntaxError, KeyError, EOFError) as exc:
+        raise ImageDecodeError(f"cannot decode image: {_with_library_cause(str(exc) or type(exc).__name__)}") from None
+
+
+def _with_library_cause(reason: str) -> str:
+    """Pillow's reason, led by what a C library printed while this image decoded (libtiff prints the cause,
+    "WEBP compression support is not configured", and Pillow raises only "decoder error -2")."""
+    printed = [m.removeprefix("stderr: ") for m in capture.current_messages() if m.startswith("stderr: ")]
+    own = [line for line in printed if not capture.SHARED.search(line)] or printed
+    if not own:
+        return reason
+    cause = capture.SHARED.sub("", own[-1])
+    # libtiff names the file it was handed; Pillow hands it a placeholder name, not the real path.
+    module, sep, text = cause.partition(": ")
+    if sep and module.endswith((".tif", ".tiff")):
+        cause = text
+    return f"{cause.rstrip('.')} ({reason})"
+
+
+def extensions() -> set[str]:
+    """Every extension Pillow registers for a format it can open and decode here.
+
+    From `Image.registered_extensions()`, keeping formats with an opener (MPO files open through the JPEG
+    opener), and leaving out what cannot decode on this machine: save-only formats (PDF, PALM), stub formats
+    with no handler installed (BUFR, GRIB, HDF5, and WMF/EMF off Windows), EPS/PS without Ghostscript, and
+    identify-only MPEG.
+    """
+    from PIL import EpsImagePlugin
+
+    Image.init()
+    found = set()
+    for ext, fmt in Image.registered_extensions().items():
+        if fmt in IDENTIFY_ONLY:
+            continue
+        if fmt == "MPO":
+            found.add(ext)
+            continue
+        opener = Image.OPEN.get(fmt)
+        if opener is None:
+            continue
+        factory = opener[0]
+        if isinstance(factory, type) and issubclass(factory, ImageFile.StubImageFile):
+            module = __import__(factory.__module__, fromlist=["_handler"])
+            if getattr(module, "_handler", None) is None:
+                continue
+        if fmt == "EPS" and not EpsImagePlugin.has_ghostscript():
+            continue
+        found.add(ext.lower())
+    return found

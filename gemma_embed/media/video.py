@@ -27,7 +27,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from gemma_embed.media import MAX_PIXELS, OPEN_TIMEOUT_S
+from gemma_embed.media import MAX_PIXELS, OPEN_TIMEOUT_S, ffmpeg_extensions
 
 # Seconds one file may spend in probing + decoding before it is given up (pathological or huge files).
 DECODE_TIME_LIMIT_S = 300.0
@@ -37,6 +37,36 @@ MAX_FRAME_PIXELS = MAX_PIXELS
 MAX_DECODED_BYTES = 4 << 30
 # Seek only when it skips at least this many frames: a seek flushes the decoder and restarts at a keyframe.
 SEEK_MIN_SKIP = 24
+
+
+# FFmpeg's video container formats (PyAV names): their extensions are walked for video, and for audio too
+# (soundtracks). Left out: extensions those formats share with still images (avif, heic), audio-only files
+# (m4a, wma, ...) and subtitles (mks).
+VIDEO_CONTAINERS = (
+    "mov,mp4,m4a,3gp,3g2,mj2",
+    "mp4",
+    "mov",
+    "m4v",
+    "matroska,webm",
+    "webm",
+    "avi",
+    "flv",
+    "asf",
+    "mpeg",
+    "vob",
+    "mpegts",
+    "ogv",
+    "nut",
+    "mxf",
+    "dv",
+    "gif",
+)
+NOT_VIDEO = frozenset({".avif", ".heic", ".heif", ".m4a", ".m4b", ".isma", ".mka", ".mks", ".wma"})
+
+
+def extensions() -> set[str]:
+    """Extensions walked for video: FFmpeg's for its video container formats."""
+    return ffmpeg_extensions(VIDEO_CONTAINERS, NOT_VIDEO)
 
 
 class VideoDecodeError(ValueError):
@@ -164,7 +194,8 @@ def _open(path: str):
     import av
 
     try:
-        return av.open(path, timeout=OPEN_TIMEOUT_S)
+        # Tags that are not UTF-8 (Latin-1 titles from old muxers) would abort the open; replace the bad bytes.
+        return av.open(path, timeout=OPEN_TIMEOUT_S, metadata_errors="replace")
     except av.error.InvalidDataError:
         raise VideoDecodeError("not a readable video: invalid data (truncated, or not a media file)") from None
     except av.error.FFmpegError as exc:

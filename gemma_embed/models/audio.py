@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from gemma_embed.config import MAX_WINDOW_S, audio_window
@@ -58,6 +59,7 @@ class AudioPreparer:
         self.window_s = float(window_s)
         self.keep_tail = keep_tail
         self.sample_rate = int(feature_extractor.sampling_rate)
+        self._frame_samples: int | None = None
 
     def describe(self) -> dict:
         return {
@@ -99,10 +101,7 @@ class AudioPreparer:
                 units.append(unit)
             windows.append({"start_s": start / self.sample_rate, "end_s": end / self.sample_rate, "rows": rows})
         if not units:
-            raise ValueError(
-                f"too short to embed: {len(samples)} samples ({len(samples) / self.sample_rate:.3f} s) "
-                f"give no feature frame"
-            )
+            raise ValueError(self._too_short(decoded))
         meta = {
             "duration_s": round(decoded.duration_s, 6),
             "sample_rate": decoded.source_rate,
@@ -113,6 +112,41 @@ class AudioPreparer:
             meta["window_s"] = self.window_s
             meta["windows"] = windows
         return PreparedItem(units=units, meta=meta)
+
+    def _too_short(self, decoded) -> str:
+        needed = self.frame_samples()
+        n = len(decoded.samples)
+        if int(decoded.source_rate) != self.sample_rate and decoded.source_samples >= 0:
+            return (
+                f"too short: {decoded.source_samples} samples at {decoded.source_rate} Hz ({n} at "
+                f"{self.sample_rate} Hz), one frame needs {needed}"
+            )
+        return f"too short: {n} samples, one frame needs {needed}"
+
+    def frame_samples(self) -> int:
+        """The fewest samples (at the extractor's rate) for which the extractor yields one valid frame: asked of
+        the extractor itself (a bisection, on the error path only), so it holds for any checkpoint's window and
+        padding rules."""
+        if self._frame_samples is None:
+            self._frame_samples = self._fewest_samples_for_a_frame()
+        return self._frame_samples
+
+    def _fewest_samples_for_a_frame(self) -> int:
+        low, high = 0, 1
+        while self._valid_frames(high) == 0:
+            low, high = high, high * 2
+            if high > self.sample_rate * 10:
+                return high
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if self._valid_frames(middle) else (middle, high)
+        return high
+
+    def _valid_frames(self, n: int) -> int:
+        if n == 0:
+            return 0
+        out = self.extractor([np.zeros(n, dtype=np.float32)], return_tensors="pt")
+        return int(out["input_features_mask"][0].sum())
 
 
 def pad_batch(units: list[Unit], device, dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -102,12 +102,15 @@ class Gemma4ImagePreparer(_VisionPreparer):
     def describe(self) -> dict:
         return {"processor": type(self.processor).__name__, "max_soft_tokens": self.max_soft_tokens}
 
-    def prepare(self, image) -> PreparedItem:
+    def prepare(self, decoded) -> PreparedItem:
+        """decoded: a `media.image.DecodedImage` (its RGB image and what the file was: mode, frames)."""
+        image = decoded.image
         out = self.processor([image], return_tensors="pt", max_soft_tokens=self.max_soft_tokens)
         (unit,) = trim_vision_inputs(out["pixel_values"], out["image_position_ids"], self.pool_area)
         meta = {
             "width": image.width,
             "height": image.height,
+            **decoded.meta,
             "max_soft_tokens": self.max_soft_tokens,
             **resized_size(unit, self.patch_size),
             "patches": unit.length,
@@ -148,8 +151,26 @@ class Gemma4VideoPreparer(_VisionPreparer):
         }
 
     def prepare(self, video) -> PreparedItem:
+        # The frames are (T, H, W, 3): say so. Left to guess, the processor reads a 1x1 or 3-pixel-wide frame as
+        # channels-first (a 1x1 frame became a 1x3 strip, resized to 672x192) and logs "channel dimension is
+        # ambiguous". The metadata is what transformers fills in itself when given none, with the frame size it
+        # would otherwise guess from the array's shape (the same guess, and the same log line).
+        frames = video.frames
+        metadata = {
+            "total_num_frames": len(frames),
+            "fps": None,
+            "duration": None,
+            "frames_indices": list(range(len(frames))),
+            "height": int(frames.shape[1]),
+            "width": int(frames.shape[2]),
+        }
         out = self.processor(
-            videos=[video.frames], do_sample_frames=False, return_tensors="pt", max_soft_tokens=self.max_soft_tokens
+            videos=[frames],
+            video_metadata=[metadata],
+            do_sample_frames=False,
+            return_tensors="pt",
+            max_soft_tokens=self.max_soft_tokens,
+            input_data_format="channels_last",
         )
         units = trim_vision_inputs(out["pixel_values_videos"], out["video_position_ids"], self.pool_area)
         rows_per_frame = units[0].rows  # one resize per video: every frame has the same grid
