@@ -19,9 +19,9 @@ import torch
 from gemma_embed import distributed, memory, store
 from gemma_embed.config import RunConfig
 from gemma_embed.decoding import WINDOW_ITEMS, prepared_stream
-from gemma_embed.device import dtype_name, resolve_device, resolve_dtype
+from gemma_embed.device import dtype_name, resolve_device, resolve_dtype, use_device
 from gemma_embed.engine import Engine, encode_items
-from gemma_embed.errors import ItemError, UsageError
+from gemma_embed.errors import DeviceError, ItemError, UsageError
 from gemma_embed.interrupts import Interrupted, stop_on_signals
 from gemma_embed.modalities import ModalityStages, build_modality
 from gemma_embed.pooling import pool_rows
@@ -53,6 +53,7 @@ def _load(config: RunConfig, local_rank: int = 0) -> Loaded:
         raise UsageError(str(exc)) from None
     budget_spec = memory.parse_budget(config.memory_budget)
     device = resolve_device(config.device, local_rank)
+    use_device(device)
     dtype = resolve_dtype(config.dtype, device)
     checkpoint = resolve_checkpoint(config.model, config.revision)
     return Loaded(budget_spec, device, dtype, checkpoint, build_modality(config, checkpoint, device, dtype))
@@ -98,8 +99,6 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
     reporter.start(config.modality if not part.is_split else f"{config.modality} [{part.index}/{part.count}]", result)
     if reporter.live and "-" not in config.inputs:
         _count_in_background(config, part, reporter)
-    if loaded.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(loaded.device)
     with stop_on_signals() as stop:
         engine = Engine(
             loaded.stages.tower, config.space, loaded.budget_spec, config.batch_size, reporter, should_stop=stop.check
@@ -116,13 +115,18 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
             result.interrupted, result.signum, result.items = str(interrupted), interrupted.signum, len(writer)
             reporter.finish(result.finish())
             return result
+        except DeviceError:
+            # The device cannot go on: keep what is done, as after an interrupt, and end the run.
+            store.guarded_write(writer.flush, writer.parts)
+            store.write_errors(output, result.failures)
+            reporter.note(f"{len(writer.saved)} items are saved in {writer.parts}; run with --resume to finish")
+            raise
     result.output = store.guarded_write(writer.close, output)
     result.items = len(writer)
     store.write_errors(output, result.failures)
     if part.is_split:
         result.output = distributed.finish_slice(config.output, part, writer.order, reporter.note) or result.output
-    if loaded.device.type == "cuda":
-        result.peak_device_memory = torch.cuda.max_memory_allocated(loaded.device)
+    result.peak_device_memory = engine.peak_device_memory()
     result.oom_backoffs = engine.backoffs
     result.chunking = engine.tuner.report() if engine.tuner else {"fixed": config.batch_size}
     reporter.finish(result.finish())
