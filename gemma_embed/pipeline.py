@@ -85,6 +85,7 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
     store.check_output_path(output, config.overwrite, config.resume)
     if part.is_split:
         store.check_output_path(config.output, config.overwrite, config.resume)
+        distributed.begin_slice(config.output, part)
     loaded = _load(config, part.local_rank)
     writer = store.EmbeddingWriter(
         output,
