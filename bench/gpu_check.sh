@@ -50,10 +50,13 @@ describe_memory() {
     echo "bench.gpu_memory runs gemma-embed images on a real-size random vision tower (hidden 768, 16 layers) at 70,"
     echo "280 and 1120 soft tokens and prints, per bucket, the budget, the memory cap, the chunk the tuner chose,"
     echo "and the largest chunk's measured transient against its modelled cost and its budget; then the run's peak"
-    echo "against weights + budget and the allocator's reserved/allocated/free. Fails if a chunk went over budget."
+    echo "against weights + budget, the cost scale learned and the allocator's reserved/allocated/free. Twice: the"
+    echo "default rule with the tuner, then a 1 GiB budget with chunks at the memory cap (a budget chunks reach)."
+    echo "Fails if a chunk went over budget."
 }
 run_memory() {
-    python -m bench.gpu_memory --device cuda
+    python -m bench.gpu_memory --device cuda &&
+        python -m bench.gpu_memory --device cuda --memory-budget 1GiB --batch-size 64
 }
 
 dry_run=0

@@ -1,7 +1,7 @@
 """Peak device memory against the planned budget, and the chunk chosen per bucket, on a real device.
 
     python -m bench.gpu_memory [--device cuda] [--dtype auto] [--images 96] [--budgets 70,280,1120]
-                               [--vision-hidden 768 --vision-layers 16] [--memory-budget auto]
+                               [--vision-hidden 768 --vision-layers 16] [--memory-budget auto] [--batch-size N]
 
 Builds a random Gemma 4 checkpoint whose vision tower has the real size by default (hidden 768, intermediate
 3072, 16 layers, 12 heads: 167M parameters), writes images of twelve aspect ratios, runs `pipeline.run` once per
@@ -10,9 +10,12 @@ soft-token budget, and prints per bucket (patch count):
 - the chunk sizes the engine ran and the one the tuner chose for the bucket's length class;
 - the largest chunk's measured transient (peak allocated during the chunk less what was allocated before it) against
   its modelled cost and against the budget;
-then the run's peak device memory against the weights plus the largest budget, and the allocator's state after the
-run (driver free, reserved, allocated, and the free memory the planner counts). Exits 1 if a chunk's measured
-transient went over its budget. On the CPU there are no allocator statistics: the measured columns say n/a.
+then the run's peak device memory against the weights plus the largest budget, the cost scale the engine learned,
+and the allocator's state after the run (driver free, reserved, allocated, and the free memory the planner
+counts). Exits 1 if a chunk's measured transient went over its budget. With the default rule a big GPU's budget
+is far above what a few images per bucket need; `--memory-budget 1GiB --batch-size 64` makes chunks run at the
+memory cap, so the measured transient is compared with a budget it actually reaches. On the CPU there are no
+allocator statistics: the measured columns say n/a.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class Recorder:
         self.chunks: dict[int, list[tuple[int, int, int | None]]] = {}  # length -> (size, modelled, transient)
         self.weights = 0
         self.length = 0  # the bucket the engine is running
+        self.engine = None
 
     def install(self, engine_cls) -> None:
         recorder = self
@@ -54,7 +58,7 @@ class Recorder:
         def recorded_run(self, units, group, keys):
             recorder.units[group.length] = recorder.units.get(group.length, 0) + len(group.indices)
             recorder.weights = sum(p.numel() * p.element_size() for p in self.tower.tower.parameters())
-            recorder.length = group.length
+            recorder.length, recorder.engine = group.length, self
             return run(self, units, group, keys)
 
         def recorded_encode(self, batch):
@@ -88,6 +92,7 @@ def run_budget(ckpt: Path, images: Path, out: Path, budget: int, args) -> tuple[
         overwrite=True,
         max_soft_tokens=budget,
         memory_budget=args.memory_budget,
+        batch_size=args.batch_size,
     )
     try:
         result = pipeline.run(config, Reporter(quiet=True, stdout=io.StringIO()))
@@ -110,7 +115,7 @@ def report(budget: int, result, recorder: Recorder) -> bool:
     for length in sorted(recorder.plans):
         plan, chunks = recorder.plans[length], recorder.chunks.get(length, [])
         size, modelled, transient = max(chunks, key=lambda c: (c[2] or 0, c[0]))
-        chosen = result.chunking.get(class_name(length_class(length)), {}).get("chosen", result.chunking.get("fixed"))
+        chosen = result.chunking.get(class_name(length_class(length)), {}).get("chosen", "fixed")
         share = "n/a" if transient is None else f"{100 * transient / max(1, plan.budget):.0f}%"
         if transient is not None and transient > plan.budget:
             within = False
@@ -123,7 +128,8 @@ def report(budget: int, result, recorder: Recorder) -> bool:
     largest = max(plan.budget for plan in recorder.plans.values())
     print(
         f"run peak device memory {human(result.peak_device_memory)}; weights {human(recorder.weights)} + largest "
-        f"budget {human(largest)} = {human(recorder.weights + largest)}; out-of-memory back-offs {result.oom_backoffs}"
+        f"budget {human(largest)} = {human(recorder.weights + largest)}; out-of-memory back-offs "
+        f"{result.oom_backoffs}; cost scale learned {recorder.engine.cost_scale:.2f}"
     )
     return within
 
@@ -152,6 +158,7 @@ def main() -> int:
     parser.add_argument("--vision-hidden", type=int, default=768)
     parser.add_argument("--vision-layers", type=int, default=16)
     parser.add_argument("--memory-budget", default=None, help="as --memory-budget (default: the planner's rule)")
+    parser.add_argument("--batch-size", type=int, default=None, help="as --batch-size (default: tuned)")
     args = parser.parse_args()
 
     from make_tiny_checkpoint import build_gemma4
@@ -175,7 +182,8 @@ def main() -> int:
         name = torch.cuda.get_device_name(args.device) if torch.device(args.device).type == "cuda" else "cpu"
         print(
             f"# {name}; torch {torch.__version__}; vision tower hidden {args.vision_hidden}, "
-            f"{args.vision_layers} layers, {heads} heads; {args.images} images"
+            f"{args.vision_layers} layers, {heads} heads; {args.images} images; memory budget "
+            f"{args.memory_budget or 'min(free/2, total/10)'}; chunk {args.batch_size or 'tuned'}"
         )
         within = True
         for budget in (int(b) for b in args.budgets.split(",")):
