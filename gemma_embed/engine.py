@@ -41,7 +41,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
 def is_fatal_device_error(exc: BaseException) -> bool:
     """A CUDA error that outlives the chunk (illegal address, device-side assert, launch failure): the context is
     broken and every later chunk would fail too. torch raises `torch.AcceleratorError` for these (a RuntimeError
-    with "CUDA error: ..." before torch 2.8)."""
+    with "CUDA error: ..." in older torch)."""
     if is_out_of_memory(exc):
         return False
     accelerator_error = getattr(torch, "AcceleratorError", None)
