@@ -2,6 +2,7 @@
 
     python -m bench.bench_audio                      # Gemma 4, 24 clips of 1-20 s, hidden 256
     python -m bench.bench_audio --family gemma3n --clips 16
+    python -m bench.bench_audio --device cuda         # both sides on the GPU, in the tool's dtype (bf16 there)
 
 Builds a random checkpoint with a more realistic audio tower than the tests' (hidden 256, 4 layers, the real
 subsampling channels), writes clips of mixed lengths as 16 kHz wav files, then times
@@ -9,7 +10,10 @@ subsampling channels), writes clips of mixed lengths as 16 kHz wav files, then t
 - this tool: `gemma_embed.pipeline.run` over the same files (decode threads, ragged batches, memory planning,
   writing the output file), model loading included.
 It checks the two agree (float32 relative error per clip), prints clips/s of each and their ratio, the peak RSS
-of each phase, and the profiler's peak transient of one tower forward against the cost model the planner uses.
+of each phase, and the profiler's peak transient of one tower forward against the cost model the planner uses
+(that last check runs on the CPU in float32 whatever --device says: the profiler's memory view is the CPU's).
+Both sides compute in the same dtype on the same device; the reference's rows are copied to the host inside
+its timing, which waits for a GPU to finish.
 """
 
 from __future__ import annotations
@@ -83,20 +87,20 @@ def write_clips(folder: Path, count: int, shortest: float, longest: float, seed:
     return paths
 
 
-def reference_model(folder: Path, family: str):
+def reference_model(folder: Path, family: str, device: str = "cpu", dtype=torch.float32):
     from transformers import AutoFeatureExtractor
 
     if family == "gemma4":
         from transformers import Gemma4ForConditionalGeneration
 
-        model = Gemma4ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+        model = Gemma4ForConditionalGeneration.from_pretrained(folder, dtype=dtype)
     else:
         from make_tiny_checkpoint import gemma3n_without_vision_tower
         from transformers import Gemma3nForConditionalGeneration
 
         with gemma3n_without_vision_tower():
-            model = Gemma3nForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
-    return model, AutoFeatureExtractor.from_pretrained(folder)
+            model = Gemma3nForConditionalGeneration.from_pretrained(folder, dtype=dtype)
+    return model.to(device).eval(), AutoFeatureExtractor.from_pretrained(folder)
 
 
 # ------------------------------------------------------------------------------------------- the two sides
@@ -106,17 +110,21 @@ def reference_rows(model, extractor, path: Path, family: str) -> torch.Tensor:
     import soundfile as sf
 
     samples, _ = sf.read(path, dtype="float32")
-    features = extractor([samples], return_tensors="pt")
+    features = extractor([samples], return_tensors="pt").to(model.device)  # float32, as the tool's
     mask = features["input_features_mask"]
     with torch.inference_mode():
         if family == "gemma4":
             out = model.model.get_audio_features(features["input_features"], mask)
-            return out.pooler_output[0][out.attention_mask[0]]
-        out = model.model.get_audio_features(features["input_features"], ~mask)
-        return out.pooler_output[0][~out.audio_mel_mask[0]]
+            rows = out.pooler_output[0][out.attention_mask[0]]
+        else:
+            out = model.model.get_audio_features(features["input_features"], ~mask)
+            rows = out.pooler_output[0][~out.audio_mel_mask[0]]
+    return rows.float().cpu()
 
 
-def run_tool(paths: list[Path], model: Path, output: Path, batch_size: int | None, workers: int):
+def run_tool(
+    paths: list[Path], model: Path, output: Path, batch_size: int | None, workers: int, device="cpu", dtype="auto"
+):
     from gemma_embed.config import RunConfig
     from gemma_embed.pipeline import run
     from gemma_embed.progress import Reporter
@@ -126,7 +134,8 @@ def run_tool(paths: list[Path], model: Path, output: Path, batch_size: int | Non
         inputs=tuple(str(p) for p in paths),
         output=output,
         model=str(model),
-        device="cpu",
+        device=device,
+        dtype=dtype,
         overwrite=True,
         batch_size=batch_size,
         workers=workers,
@@ -181,22 +190,28 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="cap for the tool (default: planned)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="auto", help="both sides' compute dtype; auto: the tool's choice")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
+    from gemma_embed.device import dtype_name, resolve_device, resolve_dtype
+
+    dtype = resolve_dtype(args.dtype, resolve_device(args.device))
 
     with tempfile.TemporaryDirectory(prefix="bench-audio-") as tmp:
         tmp = Path(tmp)
         folder = build_checkpoint(tmp / "ckpt", args.family, args.hidden, args.layers, args.seed)
         paths = write_clips(tmp, args.clips, args.shortest, args.longest, args.seed)
         total_s = sum(p.stat().st_size for p in paths) / 4 / RATE
-        model, extractor = reference_model(folder, args.family)
+        model, extractor = reference_model(folder, args.family, args.device, dtype)
         print(
             f"{args.family} audio tower hidden {args.hidden}, {args.layers} layers; {len(paths)} clips of "
             f"{args.shortest:g}-{args.longest:g} s ({total_s:.0f} s of audio); torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads, cpu float32"
+            f"{torch.get_num_threads()} threads, {args.device} {dtype_name(dtype)}"
         )
         reference_rows(model, extractor, paths[0], args.family)  # warm-up
-        run_tool(paths[:2], folder, tmp / "warm.safetensors", args.batch_size, args.workers)
+        tool_options = (args.batch_size, args.workers, args.device, dtype_name(dtype))
+        run_tool(paths[:2], folder, tmp / "warm.safetensors", *tool_options)
 
         with PeakRss() as ref_mem:
             start = time.perf_counter()
@@ -205,7 +220,7 @@ def main() -> None:
         out = tmp / "out.safetensors"
         with PeakRss() as tool_mem:
             start = time.perf_counter()
-            result = run_tool(paths, folder, out, args.batch_size, args.workers)
+            result = run_tool(paths, folder, out, *tool_options)
             tool_s = time.perf_counter() - start
         assert result.failed == 0, "the tool reported failures"
 

@@ -1,10 +1,12 @@
 """Images: gemma-embed against the per-item reference loop, same files and checkpoint, in one run.
 
     python -m bench.bench_images [--images 48] [--budgets 70,280,1120] [--vision-hidden 256 --vision-layers 4]
+                                 [--device cpu|cuda] [--dtype auto]
 
 Each side runs in its own fresh process (so peak RSS is its own): the reference loads the full model with
 `from_pretrained` and calls the processor + `get_image_features` per image; gemma-embed runs its pipeline on
-the same folder. Prints load and embed seconds, images/s, the speed ratio and peak RSS of each.
+the same folder. Prints load and embed seconds, images/s, the speed ratio and peak RSS of each. Both sides use
+the same device and dtype (auto: the tool's choice for the device); the reference's timing waits for the GPU.
 """
 
 from __future__ import annotations
@@ -42,28 +44,34 @@ def make_images(folder: Path, count: int) -> None:
         write_image(folder / f"img{i:04d}.{'jpg' if i % 2 else 'png'}", w, h, seed=i)
 
 
-def child_reference(ckpt: str, folder: str, budget: int) -> dict:
+def child_reference(ckpt: str, folder: str, budget: int, device: str = "cpu", dtype: str = "auto") -> dict:
     import torch
     from PIL import Image, ImageOps
     from transformers import AutoImageProcessor, Gemma4ForConditionalGeneration
 
+    from gemma_embed.device import resolve_device, resolve_dtype
+
     torch.set_grad_enabled(False)
     with Timer() as load:
-        model = Gemma4ForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
+        torch_dtype = resolve_dtype(dtype, resolve_device(device))
+        model = Gemma4ForConditionalGeneration.from_pretrained(ckpt, dtype=torch_dtype).to(device).eval()
         processor = AutoImageProcessor.from_pretrained(ckpt)
     files = sorted(Path(folder).iterdir())
     with Timer() as embed:
         for file in files:
             with Image.open(file) as img:
                 image = ImageOps.exif_transpose(img).convert("RGB")
-            inputs = processor([image], return_tensors="pt", max_soft_tokens=budget)
-            model.get_image_features(
+            inputs = processor([image], return_tensors="pt", max_soft_tokens=budget).to(device)
+            out = model.get_image_features(
                 pixel_values=inputs["pixel_values"], image_position_ids=inputs["image_position_ids"]
             )
+            out.pooler_output[0].cpu()  # the rows on the host, as the tool's: waits for a GPU
     return {"load_s": load.seconds, "embed_s": embed.seconds, "items": len(files), "peak_rss": peak_rss()}
 
 
-def child_ours(ckpt: str, folder: str, budget: int, out: str, overlap: str = "off") -> dict:
+def child_ours(
+    ckpt: str, folder: str, budget: int, out: str, overlap: str = "off", device: str = "cpu", dtype: str = "auto"
+) -> dict:
 
     from gemma_embed import pipeline
     from gemma_embed.config import RunConfig
@@ -76,7 +84,8 @@ def child_ours(ckpt: str, folder: str, budget: int, out: str, overlap: str = "of
         inputs=(folder,),
         output=Path(out),
         model=ckpt,
-        device="cpu",
+        device=device,
+        dtype=dtype,
         overwrite=True,
         max_soft_tokens=budget,
     )
@@ -94,13 +103,24 @@ def child_ours(ckpt: str, folder: str, budget: int, out: str, overlap: str = "of
     }
 
 
-def compare(ckpt: Path, images: Path, budget: int, out: Path, repeats: int, overlap: str = "off") -> tuple:
+def compare(
+    ckpt: Path,
+    images: Path,
+    budget: int,
+    out: Path,
+    repeats: int,
+    overlap: str = "off",
+    device: str = "cpu",
+    dtype: str = "auto",
+) -> tuple:
     """Reference and gemma-embed runs alternated `repeats` times (a busy machine slows both alike); each side's
     fastest run, and the median of the per-round ratios."""
     refs, ours, ratios = [], [], []
     for _ in range(repeats):
-        ref = run_child("bench_images", "--child", "reference", str(ckpt), str(images), str(budget))
-        own = run_child("bench_images", "--child", "ours", str(ckpt), str(images), str(budget), str(out), overlap)
+        ref = run_child("bench_images", "--child", "reference", str(ckpt), str(images), str(budget), device, dtype)
+        own = run_child(
+            "bench_images", "--child", "ours", str(ckpt), str(images), str(budget), str(out), overlap, device, dtype
+        )
         refs.append(ref)
         ours.append(own)
         ratios.append(ref["embed_s"] / own["embed_s"])
@@ -131,6 +151,8 @@ def build_workload(tmp: Path, args) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser()
     workload_arguments(parser, images=48)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="auto", help="both sides' compute dtype; auto: the tool's choice")
     parser.add_argument("--child", nargs="*")
     args = parser.parse_args()
     if args.child:
@@ -144,12 +166,14 @@ def main() -> None:
         ckpt = build_workload(tmp, args)
         print(
             f"# {args.images} images, vision tower D={args.vision_hidden} L={args.vision_layers}, "
-            f"{os.cpu_count()} CPUs, torch threads default",
+            f"{os.cpu_count()} CPUs, torch threads default, device {args.device}, dtype {args.dtype}",
             file=sys.stderr,
         )
         print(f"{'budget':>6} {'side':>10} {'load s':>7} {'embed s':>8} {'img/s':>7} {'peak RSS MiB':>13}")
         for budget in [int(b) for b in args.budgets.split(",")]:
-            ref, ours, ratio, ratios = compare(ckpt, tmp / "images", budget, tmp / "out.safetensors", args.repeats)
+            ref, ours, ratio, ratios = compare(
+                ckpt, tmp / "images", budget, tmp / "out.safetensors", args.repeats, "off", args.device, args.dtype
+            )
             for side, r in (("reference", ref), ("gemma-embed", ours)):
                 print(
                     f"{budget:>6} {side:>10} {r['load_s']:>7.2f} {r['embed_s']:>8.2f} "

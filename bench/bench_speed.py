@@ -72,7 +72,7 @@ def variants(ckpt: Path, folder: Path, budget: int) -> None:
     print(f"\n## encode variants, one bucket of {len(bucket)} images x {bucket[0].length} patches ({budget} tokens)")
     fp32 = Gemma4VisionTower(checkpoint, "cpu", torch.float32)
     with torch.inference_mode():
-        reference = torch.cat(fp32.encode(bucket, "language"))
+        reference = fp32.encode(bucket, "language")
     base = None
     rows = []
     for label, tower, chunk in [
@@ -84,16 +84,14 @@ def variants(ckpt: Path, folder: Path, budget: int) -> None:
 
         def run(tower=tower, chunk=chunk):
             with torch.inference_mode():
-                return [
-                    r for i in range(0, len(bucket), chunk) for r in tower.encode(bucket[i : i + chunk], "language")
-                ]
+                return [tower.encode(bucket[i : i + chunk], "language") for i in range(0, len(bucket), chunk)]
 
         seconds = timed(run)
         base = base or seconds
         rows.append((label, seconds))
     bf16 = Gemma4VisionTower(checkpoint, "cpu", torch.bfloat16)
     with torch.inference_mode():
-        out = torch.cat(bf16.encode(bucket, "language")).float()
+        out = bf16.encode(bucket, "language").float()
     error = float((out - reference).norm() / reference.norm())
     rows.append((f"bfloat16 chunk {len(bucket)} (rel err {error:.1e})", timed(lambda: bf16.encode(bucket, "language"))))
     threads = torch.get_num_threads()

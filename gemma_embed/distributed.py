@@ -4,13 +4,20 @@ Item i of the input (in input order) belongs to slice i % count. A slice is a to
 array task (`--num-slices K --slice-index I`). Each slice writes its own output with its own parts (so
 --resume works per slice) and a manifest of its items' input positions; when every slice is done, one
 `OUT.index.json` joins them and `gemma_embed.load(OUT)` reads it as if one process had written everything.
-Under torchrun, rank 0 writes the index after a barrier; array tasks have no barrier, so whichever task finds
-every slice done writes it (the content is the same whoever writes it). File layouts are `store.py`'s.
+Whichever slice finds every slice done writes it (the content is the same whoever writes it); there is no
+process group and no barrier, so nothing can time out however unevenly the work is spread. File layouts are
+`store.py`'s.
+
+Under torchrun a finished rank still waits (polling the other ranks' manifests, without a timeout) and then
+writes the index itself before it exits: torchrun tears every rank down as soon as one exits non-zero (exit 1
+just means some items failed), so no rank may exit while another still works. Polling cannot hang: if a rank
+dies, torchrun stops the waiting ones.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,33 +59,33 @@ def take(sources: Iterable, part: Slice) -> Iterator:
     return (source for source in sources if source.position % part.count == part.index)
 
 
-def barrier() -> None:
-    """torchrun: wait for every rank (gloo works whatever the device, and only a barrier is needed)."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group(backend="gloo")
-    dist.barrier()
+def begin_slice(output: Path, part: Slice) -> None:
+    """Forget this slice's manifest from an earlier run, so nobody takes the slice for done while it works."""
+    store.manifest_path(part.output(output)).unlink(missing_ok=True)
 
 
-def finish_group() -> None:
-    import torch.distributed as dist
+def slices_done(output: Path, count: int) -> bool:
+    return all(store.manifest_path(store.slice_path(output, i, count)).exists() for i in range(count))
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+
+def wait_for_slices(output: Path, count: int, poll_s: float = 0.2, max_poll_s: float = 5.0) -> None:
+    """Until every slice has written its manifest; no timeout (see the module note)."""
+    while not slices_done(output, count):
+        time.sleep(poll_s)
+        poll_s = min(max_poll_s, poll_s * 1.5)
 
 
 def finish_slice(output: Path, part: Slice, positions: dict[str, int], note: Callable[[str], None]) -> Path | None:
-    """Record this slice's input positions, then let the right process join all slices: rank 0 after a
-    barrier, or whichever array task finds every slice done. Returns the index if this process wrote it."""
+    """Record this slice's input positions; the last slice to finish writes the index. Under torchrun every rank
+    waits for the others and then writes the (same) index, so it exists before any rank exits. Returns the index
+    if this process wrote it."""
     store.guarded_write(lambda: store.write_manifest(part.output(output), positions), part.output(output))
-    if part.torchrun:
-        barrier()
-        merged = store.merge_slices(output, part.count) if part.index == 0 else None
-        barrier()  # nobody exits (and lets torchrun tear the group down) before the index exists
-        finish_group()
-        return merged
     merged = store.merge_slices(output, part.count)
-    if merged is None:
+    if merged is not None:
+        return merged
+    if not part.torchrun:
         note(f"slice {part.index} of {part.count} done; the last slice to finish writes the index")
-    return merged
+        return None
+    note(f"rank {part.index} of {part.count} done; waiting for the other ranks to finish (no timeout)")
+    wait_for_slices(output, part.count)
+    return store.merge_slices(output, part.count)

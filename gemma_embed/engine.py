@@ -11,7 +11,8 @@ import torch
 
 from gemma_embed import memory
 from gemma_embed.batching import Group, exact_buckets, ragged_groups
-from gemma_embed.errors import ItemError
+from gemma_embed.device import DeviceOps
+from gemma_embed.errors import DeviceError, ItemError
 from gemma_embed.models.base import PreparedItem, Tower, Unit
 from gemma_embed.tuning import ChunkTuner
 
@@ -35,8 +36,27 @@ class ChunkPlan:
 def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, torch.OutOfMemoryError):
         return True
-    # MPS and some CPU allocators raise a plain RuntimeError.
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    # MPS and some CPU allocators raise a plain RuntimeError; cuBLAS says so when it cannot get its workspace.
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "CUBLAS_STATUS_ALLOC_FAILED" in text)
+
+
+def is_fatal_device_error(exc: BaseException) -> bool:
+    """A CUDA error that outlives the chunk (illegal address, device-side assert, launch failure): the context is
+    broken and every later chunk would fail too. torch raises `torch.AcceleratorError` for these (a RuntimeError
+    with "CUDA error: ..." in older torch)."""
+    if is_out_of_memory(exc):
+        return False
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    return isinstance(exc, RuntimeError) and ("CUDA error" in str(exc) or "device-side assert" in str(exc))
+
+
+# The cost scale learns only from chunks whose modelled transient is at least this big. Fixed overheads a chunk
+# can add to the measured peak (cuBLAS/cuDNN workspaces: 32 MiB a handle on Hopper; allocator rounding to 2 MiB
+# blocks) then raise the scale by at most ~12%, instead of multiplying it for good from a tiny chunk.
+MIN_MEASURABLE_COST = 256 * 2**20
 
 
 class Engine:
@@ -48,13 +68,17 @@ class Engine:
         batch_cap: int | None = None,
         reporter=None,
         should_stop=None,
+        device_ops: DeviceOps | None = None,
     ):
         self.tower = tower
         self.space = space
         self.budget_spec = budget_spec
         self.batch_cap = batch_cap
         self.reporter = reporter
+        # The device's memory numbers, peaks and cache; a test passes a fake device here.
+        self.device_ops = device_ops or DeviceOps.for_device(tower.device)
         self.cost_scale = 1.0  # raised when a device measures more than the model predicts
+        self.measured_chunks = 0
         # An explicit --batch-size is obeyed (under the memory cap); otherwise the chunk is tuned for speed.
         self.tuner = ChunkTuner() if batch_cap is None else None
         self.backoffs = 0
@@ -63,10 +87,12 @@ class Engine:
         self.work_seconds = 0.0
         self._warm = False
         self._warned = False  # the budget-below-one-unit warning was given
+        self._peak = 0  # the run's peak allocated device memory so far (peaks are reset per chunk)
+        self.device_ops.reset_peak()
 
     def plan(self, length: int) -> ChunkPlan:
         """Chunk size for units of this length, from the device's memory as it is now."""
-        free, total = memory.device_memory(self.tower.device)
+        free, total = self.device_ops.memory()
         cost = int(self.tower.unit_cost(length) * self.cost_scale)
         budget = memory.budget(free, total, self.budget_spec)
         return ChunkPlan(length, cost, free, total, budget, memory.chunk_size(cost, budget, self.batch_cap))
@@ -77,28 +103,53 @@ class Engine:
             return exact_buckets
         return lambda lengths: ragged_groups(lengths, RAGGED_MAX_PADDING)
 
-    def _encode(self, batch: list[Unit]) -> list[torch.Tensor]:
-        device = self.tower.device
-        measure = device.type == "cuda"
-        if measure:
-            torch.cuda.reset_peak_memory_stats(device)
-            baseline = torch.cuda.memory_allocated(device)
-        with torch.inference_mode():
-            rows = self.tower.encode(batch, self.space)
-            rows = [r.to("cpu") for r in rows]
-        if measure:
-            peak = torch.cuda.max_memory_allocated(device) - baseline
-            modelled = sum(self.tower.unit_cost(u.length) for u in batch)
-            if modelled > 0:
-                # The model never shrinks, but a device that measures more than modelled raises it for good.
-                self.cost_scale = max(self.cost_scale, peak / modelled)
-        return rows
+    def peak_device_memory(self) -> int | None:
+        """The most device memory live tensors held at any point of the run (weights included); None where the
+        device keeps no statistics."""
+        now = self.device_ops.peak()
+        return None if now is None else max(self._peak, now)
 
-    def _free_cache(self) -> None:
-        if self.tower.device.type == "cuda":
-            torch.cuda.empty_cache()
-        elif self.tower.device.type == "mps":
-            torch.mps.empty_cache()
+    def _encode(self, batch: list[Unit]) -> list[torch.Tensor]:
+        """One forward; each unit's rows on the host. The output crosses to the host in one copy and is split
+        there."""
+        ops = self.device_ops
+        self._peak = max(self._peak, ops.peak() or 0)
+        ops.reset_peak()
+        before = ops.allocated()
+        with torch.inference_mode():
+            on_device = self.tower.encode(batch, self.space)
+            rows = on_device.to("cpu")
+            del on_device
+        if before is not None:
+            self._learn_cost(batch, before)
+        return list(torch.split(rows, [u.rows for u in batch]))
+
+    def _learn_cost(self, batch: list[Unit], before: int) -> None:
+        """Raise the cost scale when a chunk's measured transient exceeds the model's.
+
+        The transient is the peak less what was allocated before the chunk and less what stays allocated after it
+        (workspaces and caches a first call creates). The run's first chunk is skipped (one-off allocations), and
+        so are chunks too small for the model's number to be measured against fixed overheads."""
+        ops = self.device_ops
+        self.measured_chunks += 1
+        if self.measured_chunks == 1:
+            return
+        modelled = sum(self.tower.unit_cost(u.length) for u in batch)
+        if modelled < MIN_MEASURABLE_COST:
+            return
+        transient = ops.peak() - max(before, ops.allocated())
+        self.cost_scale = max(self.cost_scale, transient / modelled)
+
+    def _release_cache(self) -> None:
+        """Called only once the failed chunk's exception is gone: its traceback holds the chunk's activations,
+        and releasing the cache while they are alive frees nothing."""
+        self.device_ops.release_cache()
+
+    def _device_failed(self, exc: BaseException) -> DeviceError:
+        return DeviceError(
+            f"{self.tower.device}: {' '.join(str(exc).split()) or type(exc).__name__} "
+            f"(a device error that persists: the run stops; items already saved are kept, --resume finishes the run)"
+        )
 
     def run(self, units: list[Unit], group: Group, keys: list[str], on_rows: RowsCallback) -> None:
         """Encode the group's units, planned at its (padded) length. After every chunk, `on_rows(index, rows)`
@@ -112,30 +163,40 @@ class Engine:
         pending = list(indices)
         while pending:
             self.should_stop()
-            size = self.tuner.size(cap) if self.tuner else cap
+            size = self.tuner.size(group.length, cap) if self.tuner else cap
             batch_ix = tuple(pending[:size])
             batch = [units[i] for i in batch_ix]
+            out_of_memory = isolate = False
+            failure: ItemError | None = None
             try:
                 started = time.perf_counter()
                 rows = self._encode(batch)
-                self._measured(batch, time.perf_counter() - started, cap)
-            except Exception as exc:  # noqa: BLE001 - every failure becomes a record or a retry
+                self._measured(group.length, batch, time.perf_counter() - started, cap)
+            except Exception as exc:  # noqa: BLE001 - every failure becomes a record, a retry or a stop
+                if is_fatal_device_error(exc):
+                    raise self._device_failed(exc) from exc
                 if is_out_of_memory(exc) and len(batch) > 1:
-                    cap = max(1, len(batch) // 2)
-                    size = cap
-                    if self.tuner:
-                        self.tuner.limit(len(batch))
-                    self.backoffs += 1
-                    self._free_cache()
-                    if self.reporter:
-                        self.reporter.note(f"out of memory at chunk {len(batch)}: retrying with chunk {size}")
-                    continue
-                if len(batch) > 1:
-                    # Isolate the unit that fails so the others still get encoded.
-                    rows = [self._run_single(units, i, keys) for i in batch_ix]
+                    out_of_memory = True
+                elif len(batch) > 1:
+                    isolate = True  # find the unit that fails so the others still get encoded
                 else:
-                    rows = [ItemError.wrap(keys[batch_ix[0]], "encode", exc)]
-                    self._free_cache()
+                    failure = ItemError.wrap(keys[batch_ix[0]], "encode", exc)
+            # Past the handler the exception and its traceback are gone, and with them the failed chunk's
+            # activations: only now can the allocator's cache give that memory back.
+            if out_of_memory:
+                cap = max(1, len(batch) // 2)
+                if self.tuner:
+                    self.tuner.limit(group.length, len(batch))
+                self.backoffs += 1
+                self._release_cache()
+                if self.reporter:
+                    self.reporter.note(f"out of memory at chunk {len(batch)}: retrying with chunk {cap}")
+                continue
+            if isolate:
+                rows = [self._run_single(units, i, keys) for i in batch_ix]
+            elif failure is not None:
+                rows = [failure]
+                self._release_cache()
             pending = pending[len(batch_ix) :]
             for i, r in zip(batch_ix, rows, strict=True):
                 on_rows(i, r)
@@ -152,11 +213,11 @@ class Engine:
                 f"the budget"
             )
 
-    def _measured(self, batch: list[Unit], seconds: float, cap: int) -> None:
+    def _measured(self, length: int, batch: list[Unit], seconds: float, cap: int) -> None:
         """Feed one chunk's time to the tuner and to the rate that sizes decode windows."""
         work = sum(u.length for u in batch)
         if self.tuner:
-            self.tuner.record(len(batch), work, seconds, cap)
+            self.tuner.record(length, len(batch), work, seconds, cap)
         if self._warm:  # the first chunk pays one-off costs (allocator, thread pools, kernels)
             self.work_done += work
             self.work_seconds += seconds
@@ -167,10 +228,10 @@ class Engine:
         return self.work_done / self.work_seconds if self.work_seconds > 0 else 0.0
 
     def next_chunk(self) -> int:
-        """The chunk size the engine wants to run next (fixed, or the tuner's probe or choice)."""
+        """The chunk size the engine wants to run next (fixed, or the largest the tuner probes or chose)."""
         if self.tuner is None:
             return self.batch_cap or 1
-        return self.tuner.size(self.tuner.max_size)
+        return self.tuner.largest_wanted()
 
     def enough_work(self, units: int, work: int, seconds: float) -> bool:
         """Whether a window of `units` units and `work` summed length keeps the device busy for about
@@ -178,11 +239,15 @@ class Engine:
         return units >= self.next_chunk() and work >= self.work_per_second() * seconds
 
     def _run_single(self, units: list[Unit], i: int, keys: list[str]) -> torch.Tensor | ItemError:
+        failure = None
         try:
             return self._encode([units[i]])[0]
         except Exception as exc:  # noqa: BLE001
-            self._free_cache()
-            return ItemError.wrap(keys[i], "encode", exc)
+            if is_fatal_device_error(exc):
+                raise self._device_failed(exc) from exc
+            failure = ItemError.wrap(keys[i], "encode", exc)
+        self._release_cache()  # outside the handler, as in `run`
+        return failure
 
 
 def encode_items(

@@ -2,6 +2,7 @@
 
 `UsageError` is a problem with the whole run (bad option, missing checkpoint): the CLI maps it to exit code 2.
 `ItemError` is a problem with one input item: the pipeline records it and goes on with the others.
+`RunError` (and `DeviceError`, a device that cannot go on) ends the run, keeping finished work: exit code 1.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ class CheckpointError(UsageError):
 
 class RunError(GemmaEmbedError):
     """The run had to stop (disk full, output unwritable); finished work is kept where it could be."""
+
+
+class DeviceError(RunError):
+    """The device failed in a way that persists (a CUDA illegal address, a device-side assert): every later
+    chunk would fail too, so the run stops at once, keeping the items already saved."""
 
 
 class ItemError(GemmaEmbedError):

@@ -193,6 +193,13 @@ def cgroup_memory(root: Path = Path("/sys/fs/cgroup")) -> tuple[int | None, int 
     return limit, _read_int(v1 / "memory.usage_in_bytes")
 
 
+def cuda_free(driver_free: int, reserved: int, allocated: int) -> int:
+    """Bytes a chunk can use on a CUDA device: what the driver reports free plus what PyTorch's caching allocator
+    holds reserved but no tensor uses. `mem_get_info` counts that cache as used, so after one large chunk (or an
+    out-of-memory error) planning from it alone would leave every later chunk near 1."""
+    return max(0, int(driver_free)) + max(0, int(reserved) - int(allocated))
+
+
 def device_memory(device) -> tuple[int, int]:
     """(free, total) bytes of the device a chunk will run on, read now."""
     import torch
@@ -200,7 +207,8 @@ def device_memory(device) -> tuple[int, int]:
     device = torch.device(device)
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        return int(free), int(total)
+        reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
+        return cuda_free(free, reserved, allocated), int(total)
     if device.type == "mps":
         total = int(torch.mps.recommended_max_memory())
         return max(0, total - int(torch.mps.driver_allocated_memory())), total

@@ -20,9 +20,9 @@ import torch
 from gemma_embed import capture, distributed, memory, store
 from gemma_embed.config import RunConfig
 from gemma_embed.decoding import WINDOW_ITEMS, Prepared, prepared_stream
-from gemma_embed.device import dtype_name, resolve_device, resolve_dtype
+from gemma_embed.device import dtype_name, resolve_device, resolve_dtype, use_device
 from gemma_embed.engine import Engine, encode_items
-from gemma_embed.errors import ItemError, UsageError
+from gemma_embed.errors import DeviceError, ItemError, UsageError
 from gemma_embed.interrupts import Interrupted, stop_on_signals
 from gemma_embed.modalities import ModalityStages, build_modality
 from gemma_embed.pooling import pool_rows
@@ -57,6 +57,7 @@ def _load(config: RunConfig, local_rank: int = 0) -> Loaded:
         raise UsageError(str(exc)) from None
     budget_spec = memory.parse_budget(config.memory_budget)
     device = resolve_device(config.device, local_rank)
+    use_device(device)
     dtype = resolve_dtype(config.dtype, device)
     checkpoint = resolve_checkpoint(config.model, config.revision)
     return Loaded(budget_spec, device, dtype, checkpoint, build_modality(config, checkpoint, device, dtype))
@@ -90,6 +91,7 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
     store.check_output_path(output, config.overwrite, config.resume)
     if part.is_split:
         store.check_output_path(config.output, config.overwrite, config.resume)
+        distributed.begin_slice(config.output, part)
     skipped: Counter = Counter()  # files the folder walk passes over, by extension
     found = iter_sources(config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped)
     found = require_input(found, config.inputs, config.modality, config.ext, skipped)  # before loading a model
@@ -119,8 +121,6 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
         )
         if reporter.live and "-" not in config.inputs:
             _count_in_background(config, part, reporter)
-        if loaded.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(loaded.device)
         captured = capture.Capture(reporter)  # library messages go to the items that cause them, not stderr
         with captured:
             engine = Engine(
@@ -150,6 +150,12 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
                 result.interrupted, result.signum, result.items = str(interrupted), interrupted.signum, saved
                 reporter.finish(result.finish())
                 return result
+            except DeviceError:
+                # The device cannot go on: keep what is done, as after an interrupt, and end the run.
+                store.guarded_write(writer.flush, writer.parts)
+                store.write_errors(output, result.failures)
+                reporter.note(f"{writer.saved_in_parts} items are saved in {writer.parts}; run with --resume to finish")
+                raise
     result.skipped = sum(skipped.values())
     if note := skipped_note(config.modality, skipped):
         reporter.note(note)
@@ -162,8 +168,7 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
         result.output = (
             distributed.finish_slice(config.output, part, writer.positions(), reporter.note) or result.output
         )
-    if loaded.device.type == "cuda":
-        result.peak_device_memory = torch.cuda.max_memory_allocated(loaded.device)
+    result.peak_device_memory = engine.peak_device_memory()
     result.oom_backoffs = engine.backoffs
     result.chunking = engine.tuner.report() if engine.tuner else {"fixed": config.batch_size}
     reporter.finish(result.finish())

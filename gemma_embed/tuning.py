@@ -1,10 +1,15 @@
-"""Throughput-aware chunk sizes: within the memory cap, the chunk that measures fastest on this machine.
+"""Throughput-aware chunk sizes: within the memory cap, the chunk that measures fastest on this machine, per
+length of unit.
 
 On a GPU bigger batches are the main win; on a CPU a realistic tower often runs no faster, or slower, batched
 (measured on 2 cores: 0.64-1.07x for a 256-wide tower). So the engine does not assume: the first chunks run at
-1, 2, 4, ... units of real work, each size's rate (patches per second) is recorded, and once doubling stops
-paying (under 5% faster) or the memory cap stops it, the best size (the smallest within 5% of the fastest) is
-kept for the rest of the run.
+1, 2, 4, ... units of real work, each size's rate (patches or mel frames per second) is recorded, and once
+doubling stops paying (under 5% faster) or the memory cap stops it, the best size (the smallest within 5% of the
+fastest) is kept.
+
+The best size depends on the unit's length: one 1120-token image (10080 patches) can fill a GPU that needs 16
+frames of 70 tokens to do the same. So every length class (lengths within a factor of two: 630-patch frames and
+10080-patch images never share one) has its own search, and an out-of-memory limit holds only for its own class.
 No work is wasted: every probe chunk's rows are kept. Pure bookkeeping: timings come from the caller.
 """
 
@@ -17,11 +22,12 @@ TIE = 0.95  # sizes within this fraction of the best rate count as equal: the sm
 
 
 @dataclass
-class ChunkTuner:
+class SizeSearch:
+    """The fastest chunk size for one length class: probe 1, 2, 4, ... then settle."""
+
     max_size: int = 1024
     probe: int = 1
     settled: int | None = None
-    warmed_up: bool = False
     rates: dict[int, list[float]] = field(default_factory=dict)
 
     def size(self, cap: int) -> int:
@@ -41,10 +47,6 @@ class ChunkTuner:
         return sum(self.rates[size]) / len(self.rates[size])
 
     def record(self, size: int, work: float, seconds: float, cap: int) -> None:
-        """One chunk of `size` units doing `work` (patches, frames) took `seconds`; `cap` was the memory cap."""
-        if not self.warmed_up:  # the first call pays one-off costs (allocator, thread pools, kernels)
-            self.warmed_up = True
-            return
         if self.settled is not None or seconds <= 0 or work <= 0:
             return
         self.rates.setdefault(size, []).append(work / seconds)
@@ -68,5 +70,50 @@ class ChunkTuner:
         return {
             "chosen": self.settled if self.settled is not None else self.probe,
             "settled": self.settled is not None,
-            "patches_per_s": {str(s): round(self.mean_rate(s), 1) for s in sorted(self.rates)},
+            "rate_per_s": {str(s): round(self.mean_rate(s), 1) for s in sorted(self.rates)},
         }
+
+
+def length_class(length: int) -> int:
+    """Lengths in [2^(k-1), 2^k) share class k."""
+    return max(1, int(length)).bit_length()
+
+
+def class_name(k: int) -> str:
+    return f"{1 << (k - 1)}-{(1 << k) - 1}"
+
+
+@dataclass
+class ChunkTuner:
+    """One `SizeSearch` per length class. `length` is the bucket's length: patches per image or frame, or the
+    padded mel frames of a ragged audio group."""
+
+    searches: dict[int, SizeSearch] = field(default_factory=dict)
+    warmed_up: bool = False
+
+    def search(self, length: int) -> SizeSearch:
+        return self.searches.setdefault(length_class(length), SizeSearch())
+
+    def size(self, length: int, cap: int) -> int:
+        return self.search(length).size(cap)
+
+    def record(self, length: int, size: int, work: float, seconds: float, cap: int) -> None:
+        """One chunk of `size` units of this length doing `work` (patches, frames) took `seconds`; `cap` was the
+        memory cap."""
+        if not self.warmed_up:  # the run's first chunk pays one-off costs (allocator, thread pools, kernels)
+            self.warmed_up = True
+            return
+        self.search(length).record(size, work, seconds, cap)
+
+    def limit(self, length: int, size: int) -> None:
+        self.search(length).limit(size)
+
+    def largest_wanted(self) -> int:
+        """The largest chunk any length class will run next (1 before any has been measured): a decode window
+        should hold at least that many units."""
+        return max((search.size(search.max_size) for search in self.searches.values()), default=1)
+
+    def report(self) -> dict:
+        """Per length class (`"512-1023"`: patches or frames per unit): the chunk chosen, whether it settled, and
+        the rates measured per size."""
+        return {class_name(k): self.searches[k].report() for k in sorted(self.searches)}

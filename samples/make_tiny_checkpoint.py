@@ -27,6 +27,9 @@ def tiny_gemma4_config(
     vocab_size: int = 512,
     vision_hidden: int = 64,
     vision_layers: int = 2,
+    vision_heads: int = 4,
+    vision_intermediate: int | None = None,
+    position_embedding_size: int = 1024,
 ):
     from transformers import Gemma4AudioConfig, Gemma4Config, Gemma4TextConfig, Gemma4VisionConfig
 
@@ -47,14 +50,14 @@ def tiny_gemma4_config(
     vision_cfg = (
         Gemma4VisionConfig(
             hidden_size=vision_hidden,
-            intermediate_size=2 * vision_hidden,
+            intermediate_size=vision_intermediate or 2 * vision_hidden,
             num_hidden_layers=vision_layers,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            head_dim=vision_hidden // 4,
+            num_attention_heads=vision_heads,
+            num_key_value_heads=vision_heads,
+            head_dim=vision_hidden // vision_heads,
             patch_size=16,
             pooling_kernel_size=3,
-            position_embedding_size=1024,
+            position_embedding_size=position_embedding_size,
             standardize=True,
         )
         if vision

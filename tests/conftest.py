@@ -12,6 +12,26 @@ import pytest
 from helpers import IMAGE_SIZES, write_image
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need a CUDA device: skipped without one (bench/gpu_check.sh runs them where there is)."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device (run bench/gpu_check.sh on a GPU machine)")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request) -> str:
+    """The device an equivalence test runs the tool and transformers' reference on: the CPU always, CUDA as the
+    `gpu`-marked variant (`pytest -m gpu`)."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def gemma4_dir(tmp_path_factory) -> Path:
     """A single-file Gemma 4 checkpoint (vision + audio) with processor_config.json, seed 1."""

@@ -71,12 +71,12 @@ def run_images(inputs, model: Path, output: Path, stdin=None, **options) -> tupl
     from gemma_embed.progress import Reporter
 
     options.setdefault("overwrite", True)
+    options.setdefault("device", "cpu")
     config = RunConfig(
         modality=options.pop("modality", "images"),
         inputs=tuple(str(i) for i in inputs),
         output=output,
         model=str(model),
-        device="cpu",
         **options,
     )
     out, err = io.StringIO(), io.StringIO()
@@ -96,6 +96,20 @@ def record_batches(monkeypatch, tower_cls) -> list[list]:
 
     monkeypatch.setattr(tower_cls, "encode", spy)
     return batches
+
+
+def record_outputs(monkeypatch, tower_cls) -> list[tuple[list, object]]:
+    """Spy on a tower: (units, rows on the host) of every device batch it runs."""
+    calls: list[tuple[list, object]] = []
+    original = tower_cls.encode
+
+    def spy(self, units, space):
+        rows = original(self, units, space)
+        calls.append((list(units), rows.cpu()))
+        return rows
+
+    monkeypatch.setattr(tower_cls, "encode", spy)
+    return calls
 
 
 def fail_chunks_above(monkeypatch, tower_cls, limit: int) -> None:

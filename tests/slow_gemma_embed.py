@@ -5,13 +5,19 @@
 `--encode` sleeps before every device batch; `--load` sleeps while the model loads, after touching the marker
 file (so a test knows the process is loading). Lets a test interrupt a real process at a chosen stage,
 deterministically, without test hooks in the package.
+Under torchrun two environment variables shape a slow, uneven run:
+- SLOW_RANK=R: only rank R sleeps (the others run at full speed);
+- SHORT_PG_TIMEOUT_S=T: any torch.distributed process group this process creates gets a T-second default
+  timeout instead of 30 minutes, so a test can show in seconds that no rank waits on such a group.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from gemma_embed.models.base import EncoderTower
@@ -41,6 +47,12 @@ def slow_loading(seconds: float, marker: Path) -> None:
     pipeline.build_modality = slow
 
 
+def shorten_process_group_timeout(seconds: float) -> None:
+    import torch.distributed.distributed_c10d as c10d
+
+    c10d._get_default_timeout = lambda backend: timedelta(seconds=seconds)
+
+
 if __name__ == "__main__":
     import gemma_embed.models.gemma3n  # noqa: F401 - register every tower class before patching
     import gemma_embed.models.gemma4  # noqa: F401
@@ -52,9 +64,12 @@ if __name__ == "__main__":
     parser.add_argument("--load", type=float, default=0.0)
     parser.add_argument("--loading-marker", type=Path)
     ours, rest = parser.parse_known_args()
-    if ours.encode:
+    rank = os.environ.get("RANK", "0")
+    if ours.encode and os.environ.get("SLOW_RANK", rank) == rank:
         slow_down(ours.encode)
     if ours.load:
         slow_loading(ours.load, ours.loading_marker)
+    if "SHORT_PG_TIMEOUT_S" in os.environ:
+        shorten_process_group_timeout(float(os.environ["SHORT_PG_TIMEOUT_S"]))
     sys.argv = ["gemma-embed", *rest]
     main()

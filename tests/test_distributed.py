@@ -12,20 +12,12 @@ import torch
 from helpers import ROOT, run_images, write_image
 
 import gemma_embed
+from gemma_embed import store
 from gemma_embed.distributed import Slice, take
 from gemma_embed.sources import Source
 
 MODEL = ROOT / "samples" / "tiny-gemma4"
 EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
-
-
-def _free_port() -> int:
-    """A port nobody listens on now (a fixed one collides with any other torchrun on the machine)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _folder(tmp_path: Path, count: int = 9) -> Path:
@@ -61,10 +53,9 @@ def test_torchrun_two_ranks_equals_single_process(tmp_path):
     proc = subprocess.run(
         [
             torchrun,
+            "--standalone",  # a free port: other test runs on this machine may hold a fixed one
             "--nproc-per-node",
             "2",
-            "--master-port",
-            str(_free_port()),
             "--no-python",
             EXE,
             "images",
@@ -91,6 +82,33 @@ def test_torchrun_two_ranks_equals_single_process(tmp_path):
         "ranks-rank00000-of-00002.safetensors",
         "ranks-rank00001-of-00002.safetensors",
     ]
+    _assert_same(out, single)
+
+
+def test_torchrun_ranks_never_time_out_on_uneven_work(tmp_path):
+    """One image, two ranks: rank 1 has no work at all and finishes at once; rank 0 is slowed (the real CLI with a
+    sleep before its encode) well past a 2-second process-group timeout configured in both processes. A rank that
+    waited on a torch.distributed group (the old gloo barrier) would time out and exit non-zero; the ranks must
+    instead both exit 0, and the index must join both slices."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    write_image(folder / "only.png", 64, 48, seed=0)
+    single = tmp_path / "single.safetensors"
+    assert run_images([folder], MODEL, single, max_soft_tokens=70)[0] == 0
+    out = tmp_path / "uneven.safetensors"
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    # fmt: off
+    command = [
+        torchrun, "--standalone", "--nproc-per-node", "2", str(ROOT / "tests" / "slow_gemma_embed.py"), "--encode", "6",
+        "images", str(folder), "--model", str(MODEL), "-o", str(out), "--max-soft-tokens", "70", "--device", "cpu",
+    ]
+    # fmt: on
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLOW_RANK": "0", "SHORT_PG_TIMEOUT_S": "2"}
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 1 of 2 done; waiting for the other ranks" in proc.stderr
+    assert (tmp_path / "uneven.index.json").exists()
+    assert gemma_embed.read_metadata(store.slice_path(out, 1, 2))["keys"] == []  # the rank without work
     _assert_same(out, single)
 
 

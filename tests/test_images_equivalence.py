@@ -1,4 +1,5 @@
-"""Every image's rows equal transformers' per-item reference, however the engine batched it (DESIGN §6)."""
+"""Every image's rows equal transformers' per-item reference, however the engine batched it (DESIGN §6).
+bfloat16 is held to transformers' own bf16 path in test_bf16.py."""
 
 from __future__ import annotations
 
@@ -96,40 +97,3 @@ def test_exif_orientation_is_applied(tmp_path, gemma4_dir):
     Image.new("RGB", (320, 240), (200, 10, 10)).save(path, exif=exif.tobytes())
     decoded = decode_image(str(path))
     assert decoded.image.size == (240, 320) and decoded.mode == "RGB" and decoded.frames_in_file == 1
-
-
-def test_bfloat16_is_as_close_to_float32_as_transformers_own_bfloat16(
-    tmp_path, gemma4_dir, image_dir, reference_model, reference_processor
-):
-    """--dtype bfloat16 computes in bf16 and adds no error of its own.
-
-    The issue's bar (within 1e-2 of float32) is a property of trained weights: on random ones transformers' own
-    bf16 path is already ~2e-2 from its float32 (measured per layer in bench/README.md, growing layer by layer),
-    so the test holds the tool to transformers' own bf16 error instead of a number random weights cannot meet.
-    """
-    from transformers import Gemma4ForConditionalGeneration
-
-    out = tmp_path / "bf16.safetensors"
-    code, records, _ = run_images([image_dir], gemma4_dir, out, dtype="bfloat16", max_soft_tokens=140)
-    assert code == 0 and records[-1]["dtype"] == "bfloat16"
-    assert gemma_embed.read_metadata(out)["compute_dtype"] == "bfloat16"
-    bf16_model = Gemma4ForConditionalGeneration.from_pretrained(gemma4_dir, dtype=torch.bfloat16).eval()
-    ours = gemma_embed.load(out)
-    for name in IMAGE_SIZES:
-        fp32 = reference_image_rows(reference_model, reference_processor, image_dir / name, 140)
-        theirs = reference_image_rows(bf16_model, _Bf16Processor(reference_processor), image_dir / name, 140)
-        own_error, their_error = rel_error(ours[name], fp32), rel_error(theirs, fp32)
-        assert ours[name].shape == fp32.shape
-        assert own_error < max(1.5 * their_error, 1e-2), (name, own_error, their_error)
-
-
-class _Bf16Processor:
-    """The image processor with its pixels cast to bf16, as a bf16 model's caller must pass them."""
-
-    def __init__(self, processor):
-        self.processor = processor
-
-    def __call__(self, *args, **kwargs):
-        out = self.processor(*args, **kwargs)
-        out["pixel_values"] = out["pixel_values"].to(torch.bfloat16)
-        return out

@@ -188,3 +188,42 @@ def test_towers_only_loader_equals_reference_after_relayout(
     assert run_images([image_dir / "wide.jpg"], split_checkpoint, out, max_soft_tokens=280)[0] == 0
     ref = reference_image_rows(reference_model, reference_processor, image_dir / "wide.jpg", 280)
     assert rel_error(gemma_embed.load(out)[str(image_dir / "wide.jpg")], ref) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("tower", ["gemma4-vision", "gemma4-audio", "gemma3n-audio"])
+def test_towers_end_exactly_as_from_pretrained_leaves_them(tower, dtype):
+    """Every parameter and buffer: the same dtype and the same value as in `from_pretrained(..., dtype=dtype)`,
+    including the buffers transformers keeps in float32 in a bf16 model (rotary inv_freq, Gemma 3n timescales and
+    softcap) and those it computes in float32 and rounds to bf16 (Gemma 4 audio timescales)."""
+    from make_tiny_checkpoint import gemma3n_without_vision_tower
+    from transformers import Gemma3nForConditionalGeneration, Gemma4ForConditionalGeneration
+
+    from gemma_embed.models.gemma3n import Gemma3nAudioTower
+    from gemma_embed.models.gemma4_audio import Gemma4AudioTower
+
+    family, part = tower.split("-")
+    folder = ROOT / "samples" / f"tiny-{family}"
+    if family == "gemma3n":
+        with gemma3n_without_vision_tower():
+            model = Gemma3nForConditionalGeneration.from_pretrained(folder, dtype=dtype).model
+    else:
+        model = Gemma4ForConditionalGeneration.from_pretrained(folder, dtype=dtype).model
+    cls = {"gemma4-vision": Gemma4VisionTower, "gemma4-audio": Gemma4AudioTower, "gemma3n-audio": Gemma3nAudioTower}
+    ours = cls[tower](resolve_checkpoint(str(folder)), "cpu", dtype)
+    for mine, theirs in ((ours.tower, getattr(model, f"{part}_tower")), (ours.embed, getattr(model, f"embed_{part}"))):
+        expected = dict(theirs.named_parameters()) | dict(theirs.named_buffers())
+        got = dict(mine.named_parameters()) | dict(mine.named_buffers())
+        assert got.keys() == expected.keys()
+        for name, value in expected.items():
+            assert got[name].dtype == value.dtype and torch.equal(got[name], value), name
+    if dtype == torch.bfloat16:  # what a whole-module cast to bf16 got wrong
+        float32 = {
+            name.rsplit(".", 1)[-1] for name, value in ours.tower.named_buffers() if value.dtype == torch.float32
+        }
+        expected_float32 = {
+            "gemma4-vision": {"inv_freq", "original_inv_freq"},
+            "gemma4-audio": set(),  # its constructors name no dtype: all bf16, computed in float32 then rounded
+            "gemma3n-audio": {"inv_timescales", "softcap"},
+        }
+        assert float32 == expected_float32[tower]

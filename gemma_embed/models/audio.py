@@ -149,29 +149,31 @@ class AudioPreparer:
         return int(out["input_features_mask"][0].sum())
 
 
-def pad_batch(units: list[Unit], device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Features zero-padded to the longest unit (B, T, F) and the mask (B, T), True = a valid frame."""
+def pad_batch(tower, units: list[Unit]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features zero-padded to the longest unit (B, T, F) and the mask (B, T), True = a valid frame, on the tower's
+    device. Built on the host (pinned on CUDA) and copied in one transfer each, not unit by unit. Features stay
+    float32, as the extractor made them: both audio towers mask and pad them, then cast to their own dtype, the
+    same whichever dtype they arrive in."""
     longest = max(u.length for u in units)
     width = units[0].inputs["input_features"].shape[-1]
-    features = torch.zeros((len(units), longest, width), dtype=dtype, device=device)
-    mask = torch.zeros((len(units), longest), dtype=torch.bool, device=device)
+    features = tower.host_zeros((len(units), longest, width), torch.float32)
+    mask = tower.host_zeros((len(units), longest), torch.bool)
     for i, unit in enumerate(units):
-        feats = unit.inputs["input_features"]
-        features[i, : unit.length] = feats.to(device=device, dtype=dtype)
+        features[i, : unit.length] = unit.inputs["input_features"]
         own = unit.inputs.get("input_features_mask")
-        mask[i, : unit.length] = own.to(device) if own is not None else True
-    return features, mask
+        mask[i, : unit.length] = own if own is not None else True
+    return tower.to_device(features), tower.to_device(mask)
 
 
-def strip_rows(hidden: torch.Tensor, valid: torch.Tensor, units: list[Unit]) -> list[torch.Tensor]:
-    """Each unit's valid output rows; a count that disagrees with the unit's planned rows is a bug, not data."""
-    rows = []
-    for i, unit in enumerate(units):
-        kept = hidden[i][valid[i]]
-        if kept.shape[0] != unit.rows:
-            raise RuntimeError(f"audio tower gave {kept.shape[0]} valid rows for a unit planned at {unit.rows}")
-        rows.append(kept)
-    return rows
+def strip_rows(hidden: torch.Tensor, valid: torch.Tensor, units: list[Unit]) -> torch.Tensor:
+    """The valid output rows of every unit, in order, as one tensor on the device. A count that disagrees with a
+    unit's planned rows is a bug, not data. Two syncs per batch (the counts, and the boolean index), none per
+    unit."""
+    counts = valid.sum(dim=1).tolist()
+    planned = [u.rows for u in units]
+    if counts != planned:
+        raise RuntimeError(f"audio tower gave {counts} valid rows for units planned at {planned}")
+    return hidden[valid]
 
 
 def audio_sub_configs(checkpoint) -> tuple:

@@ -38,8 +38,9 @@ class Tower(Protocol):
     def unit_cost(self, length: int) -> int:
         """Modelled peak transient bytes one unit of this length adds to a forward pass."""
 
-    def encode(self, units: list[Unit], space: str) -> list[Any]:
-        """Rows per unit, in order, still on the device."""
+    def encode(self, units: list[Unit], space: str) -> Any:
+        """The rows of every unit, in unit order, as one (sum of unit rows, width) tensor still on the device:
+        the engine copies it to the host once and splits it there (one transfer and one sync per chunk)."""
 
 
 class Preparer(Protocol):
@@ -81,6 +82,30 @@ class EncoderTower:
         import torch
 
         return torch.empty((), dtype=self.dtype).element_size()
+
+    def host_stack(self, tensors: list) -> Any:
+        """`torch.stack(tensors)` on the host, into pinned memory when the tower runs on CUDA (`to_device`)."""
+        import torch
+
+        out = torch.empty((len(tensors), *tensors[0].shape), dtype=tensors[0].dtype, pin_memory=self.pinned)
+        return torch.stack(tensors, out=out)
+
+    def host_zeros(self, shape: tuple, dtype) -> Any:
+        """A zeroed host buffer to fill (padded batches), pinned when the tower runs on CUDA."""
+        import torch
+
+        return torch.zeros(shape, dtype=dtype, pin_memory=self.pinned)
+
+    def to_device(self, host):
+        """A host batch onto the device. From pinned memory the copy is asynchronous (non_blocking): it queues
+        before the forward's kernels on the same stream, so the CPU never waits for it."""
+        return host.to(self.device, non_blocking=self.pinned)
+
+    @property
+    def pinned(self) -> bool:
+        """Host batches are staged in pinned (page-locked) memory on CUDA only: pinning needs the CUDA driver,
+        and only pinned memory copies asynchronously."""
+        return self.device.type == "cuda"
 
     def project(self, hidden, space: str):
         """The rows in the requested space: after the projection (language) or the encoder's own (tower)."""

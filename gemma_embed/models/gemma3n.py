@@ -93,14 +93,18 @@ class Gemma3nAudioTower(EncoderTower):
         if not self.zero_conv_padding:
             yield
             return
-        lengths = [subsampled_frames(self.config, u.length)[0] for u in units]
+        # The keep mask is built on the host and staged before the forward: a pageable host-to-device copy inside
+        # the hook would make the CPU wait for the GPU mid-forward.
+        longest = subsampled_frames(self.config, max(u.length for u in units))[0]
+        keep = self.host_zeros((len(units), longest), torch.bool)
+        for i, unit in enumerate(units):
+            keep[i, : subsampled_frames(self.config, unit.length)[0]] = True
+        keep = self.to_device(keep)
 
         def cut(_module, args):
             (hidden,) = args  # (B, C, T, F)
-            keep = (
-                torch.arange(hidden.shape[2], device=hidden.device)[None, :]
-                < torch.tensor(lengths, device=hidden.device)[:, None]
-            )
+            if hidden.shape[2] != keep.shape[1]:
+                raise RuntimeError(f"first convolution gave {hidden.shape[2]} frames, expected {keep.shape[1]}")
             return (hidden * keep[:, None, :, None].to(hidden.dtype),)
 
         handle = self.tower.subsample_conv_projection.conv_1.register_forward_pre_hook(cut)
@@ -109,8 +113,8 @@ class Gemma3nAudioTower(EncoderTower):
         finally:
             handle.remove()
 
-    def encode(self, units: list[Unit], space: str) -> list[torch.Tensor]:
-        features, valid = pad_batch(units, self.device, self.dtype)
+    def encode(self, units: list[Unit], space: str) -> torch.Tensor:
+        features, valid = pad_batch(self, units)
         with self._first_conv_output_cut(units):
             out = self.tower(features, ~valid, return_dict=True)  # this tower's mask: True = padding
         return strip_rows(self.project(out.last_hidden_state, space), ~out.audio_mel_mask, units)

@@ -48,15 +48,17 @@ class Gemma4VisionTower(EncoderTower):
             materialises_scores=cfg._attn_implementation == "eager",
         )
 
-    def encode(self, units: list[Unit], space: str) -> list[torch.Tensor]:
+    def encode(self, units: list[Unit], space: str) -> torch.Tensor:
         lengths = {u.length for u in units}
         if len(lengths) != 1:
             raise ValueError(f"vision batch mixes patch counts {sorted(lengths)}")
-        pixels = torch.stack([u.inputs["pixel_values"] for u in units]).to(self.device, self.dtype)
-        positions = torch.stack([u.inputs["position_ids"] for u in units]).to(self.device)
+        # Pixels stay float32, as the processor made them: the patch embedder computes 2 * (px - 0.5) in their
+        # dtype and only then casts to the tower's, so casting them first would round differently from
+        # transformers' own path.
+        pixels = self.to_device(self.host_stack([u.inputs["pixel_values"] for u in units]))
+        positions = self.to_device(self.host_stack([u.inputs["position_ids"] for u in units]))
         hidden = self.tower(pixel_values=pixels, pixel_position_ids=positions).last_hidden_state
-        hidden = self.project(hidden, space)
-        return list(torch.split(hidden, [u.rows for u in units]))
+        return self.project(hidden, space)  # already (sum of unit rows, width): the tower drops no padding here
 
 
 def trim_vision_inputs(pixel_values: torch.Tensor, position_ids: torch.Tensor, pool_area: int) -> list[Unit]:

@@ -53,7 +53,7 @@ class Gemma4AudioTower(EncoderTower):
     def unit_cost(self, length: int) -> int:
         return audio_item_cost(length, self.element_size)
 
-    def encode(self, units: list[Unit], space: str) -> list[torch.Tensor]:
-        features, mask = pad_batch(units, self.device, self.dtype)
+    def encode(self, units: list[Unit], space: str) -> torch.Tensor:
+        features, mask = pad_batch(self, units)
         out = self.tower(features, mask, return_dict=True)
         return strip_rows(self.project(out.last_hidden_state, space), out.attention_mask.bool(), units)

@@ -188,8 +188,11 @@ def read_tensors(checkpoint: Checkpoint, prefix: str) -> dict:
     return tensors
 
 
-def load_module(module, tensors: dict, where: str, dtype, device):
-    """Fill a module built without init from checkpoint tensors; strict both ways, naming the first bad key."""
+def load_module(module, dtypes: dict, tensors: dict, where: str, device):
+    """Fill a module built by `build_without_init` from checkpoint tensors, strict both ways (naming the first bad
+    key); cast each parameter and buffer to its dtype in `dtypes`, then move the module to the device with those
+    dtypes unchanged (a `.to(dtype=...)` of the whole module would also cast the buffers transformers keeps in
+    float32: measured 1-10% off transformers' own bf16 output, growing with the RoPE position)."""
     import torch
 
     expected = module.state_dict()
@@ -208,20 +211,52 @@ def load_module(module, tensors: dict, where: str, dtype, device):
                 f"the config expects {tuple(expected[key].shape)}"
             )
     module.load_state_dict(tensors, strict=True)
-    module.to(device=torch.device(device), dtype=dtype)
+    cast_like(module, dtypes)
+    module.to(device=torch.device(device))
     return module.eval().requires_grad_(False)
 
 
-def build_without_init(factory):
-    """Construct a module skipping random init: the checkpoint overwrites every parameter anyway.
+def from_pretrained_dtypes(factory, dtype) -> dict:
+    """The dtype of every parameter and buffer of the module `factory` builds, as `from_pretrained(...,
+    dtype=dtype)` leaves it.
 
-    Modules are built on the CPU (not the meta device) so non-persistent buffers such as the rotary tables are
-    computed by their own constructors, as in `from_pretrained`.
+    transformers decides this by building the model with torch's default dtype set to `dtype`
+    (`local_torch_dtype` in `get_init_context`): tensors a constructor creates without naming a dtype take that
+    default, those it creates as float32 on purpose stay float32 (the Gemma 4 vision rotary `inv_freq`, Gemma 3n
+    audio `inv_timescales` and `softcap`; Gemma 4 audio names none, so all of its buffers follow the default).
+    The same build on the meta device reads those decisions off without computing anything.
     """
+    import torch
     from transformers.initialization import no_init_weights
+    from transformers.modeling_utils import local_torch_dtype
 
-    with no_init_weights():
-        return factory()
+    with torch.device("meta"), local_torch_dtype(dtype), no_init_weights():
+        layout = factory()
+    return {name: t.dtype for name, t in (*layout.named_parameters(), *layout.named_buffers())}
+
+
+def cast_like(module, dtypes: dict) -> None:
+    """Cast each parameter and buffer of `module` to its dtype in `dtypes` (in place, values rounded once)."""
+    for name, tensor in (*module.named_parameters(), *module.named_buffers()):
+        if tensor.dtype != dtypes[name]:
+            tensor.data = tensor.data.to(dtypes[name])
+
+
+def build_without_init(factory, dtype) -> tuple:
+    """(module, dtypes): a module constructed skipping random init (the checkpoint overwrites every parameter
+    anyway), and the dtype each of its tensors must end in.
+
+    The module is built in float32 on the CPU (not the meta device), so non-persistent buffers such as the rotary
+    tables are computed by their own constructors, in float32, as `from_pretrained`'s `_init_weights` computes
+    them before copying them into their final dtype; `load_module` then rounds each tensor once to that dtype.
+    """
+    import torch
+    from transformers.initialization import no_init_weights
+    from transformers.modeling_utils import local_torch_dtype
+
+    with local_torch_dtype(torch.float32), no_init_weights():
+        module = factory()
+    return module, from_pretrained_dtypes(factory, dtype)
 
 
 def tower_configs(checkpoint: Checkpoint, tower: str) -> tuple:
@@ -244,7 +279,8 @@ def load_part(checkpoint: Checkpoint, name: str, prefixes: tuple[str, ...], fact
         raise CheckpointError(
             f"{checkpoint.source}: no {name} tensors in the checkpoint (looked for {' or '.join(prefixes)})"
         )
-    return load_module(build_without_init(factory), read_tensors(checkpoint, prefix), prefix, dtype, device)
+    module, dtypes = build_without_init(factory, dtype)
+    return load_module(module, dtypes, read_tensors(checkpoint, prefix), prefix, device)
 
 
 def load_processor(checkpoint: Checkpoint, auto_class: str, what: str):
