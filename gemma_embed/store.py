@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -497,3 +498,57 @@ def iter_items(path: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor, dic
 def load(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Every item's rows, keyed as in the output, in row order."""
     return {key: rows for key, rows, _ in iter_items(path)}
+
+
+# ------------------------------------------------------------------------------------------ block reader
+
+
+@dataclass(frozen=True)
+class OutputFile:
+    """One file of an output, without its embeddings: whose rows are where (row r of the file belongs to item i
+    where offsets[i] <= r < offsets[i + 1])."""
+
+    path: Path
+    header: dict
+    keys: list[str]
+    items: list[dict]
+    offsets: torch.Tensor  # int64 [N + 1]
+
+
+@dataclass(frozen=True)
+class RowBlock:
+    """Consecutive rows of one file: rows `start` .. `start + len(rows)` of `files[file]`."""
+
+    file: int
+    start: int
+    rows: torch.Tensor  # (n, D), in the stored dtype
+
+
+def output_index(path: str | os.PathLike) -> list[OutputFile]:
+    """Every file of an output (a single file, or the shards its index lists, in that order) with its keys, items
+    and offsets; reads no embeddings."""
+    from safetensors import safe_open
+
+    files = []
+    for file in _files(Path(path)):
+        with safe_open(str(file), framework="pt") as fh:
+            header = dict(fh.metadata() or {})
+            if header.get("format") != FORMAT:
+                raise ValueError(f"{file}: not a {FORMAT} file (format={header.get('format')!r})")
+            offsets = fh.get_tensor("offsets")
+        files.append(OutputFile(file, header, json.loads(header["keys"]), json.loads(header["items"]), offsets))
+    return files
+
+
+def iter_row_blocks(path: str | os.PathLike, rows: int = 65_536) -> Iterator[RowBlock]:
+    """The output's embeddings in blocks of at most `rows` rows, file by file. safetensors maps each file and
+    copies out only the block asked for, so an output far larger than memory is read with one block in RAM."""
+    from safetensors import safe_open
+
+    size = max(1, int(rows))
+    for number, file in enumerate(_files(Path(path))):
+        with safe_open(str(file), framework="pt") as fh:
+            embeddings = fh.get_slice("embeddings")
+            total = embeddings.get_shape()[0]
+            for start in range(0, total, size):
+                yield RowBlock(number, start, embeddings[start : min(start + size, total)])
