@@ -83,43 +83,58 @@ def search(index: str | os.PathLike, query: torch.Tensor, k: int = 10, block_row
     query = query / norm
     k = max(1, int(k))
     best: dict[tuple[int, int], tuple[float, int]] = {}  # (file, item) -> (score, row within the item)
-    for block in store.iter_row_blocks(index, block_rows):
-        rows = block.rows.float()
-        if rows.shape[1] != query.shape[0]:
-            raise UsageError(f"{index}: vectors have {rows.shape[1]} dimensions, the query {query.shape[0]}")
+    one_row = [bool((file.offsets.diff() == 1).all()) for file in files]  # every item one row: no regrouping
+    buffer = None  # float32 rows, reused: allocating a fresh block each time costs more than the arithmetic
+    for block in store.iter_row_blocks(index, block_rows, files):
+        if block.rows.shape[1] != query.shape[0]:
+            raise UsageError(f"{index}: vectors have {block.rows.shape[1]} dimensions, the query {query.shape[0]}")
+        if buffer is None or buffer.shape[0] < block.rows.shape[0]:
+            buffer = torch.empty(block.rows.shape, dtype=torch.float32)
+        rows = buffer[: block.rows.shape[0]]
+        rows.copy_(block.rows)
+        scores = rows @ query / torch.linalg.vector_norm(rows, dim=1).clamp_min(1e-12)
+        scores = torch.nan_to_num(scores, nan=float("-inf"))
         offsets = files[block.file].offsets
-        for item, score, row in _block_best(rows, query, offsets, block.start, k):
+        found = (
+            _top_rows(scores, block.start, k) if one_row[block.file] else _top_items(scores, offsets, block.start, k)
+        )
+        for item, score, row in found:
             key = (block.file, item)
             if key not in best or score > best[key][0]:
                 best[key] = (score, row)
-        if len(best) > k:  # keep the k best so far: exact (see _block_best)
+        if len(best) > k:  # keep the k best so far: exact (see _top_items)
             best = dict(sorted(best.items(), key=lambda entry: -entry[1][0])[:k])
     ranked = sorted(best.items(), key=lambda entry: -entry[1][0])[:k]
     return [_hit(rank, files[f], item, score, row) for rank, ((f, item), (score, row)) in enumerate(ranked, 1)]
 
 
-def _block_best(rows: torch.Tensor, query: torch.Tensor, offsets: torch.Tensor, start: int, k: int):
+def _top_rows(scores: torch.Tensor, start: int, k: int):
+    """Items of one row each: the block's k best rows are its k best items."""
+    top = torch.topk(scores, min(k, scores.shape[0]))
+    for score, index in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+        yield start + index, float(score), 0
+
+
+def _top_items(scores: torch.Tensor, offsets: torch.Tensor, start: int, k: int):
     """(item, score, row within the item) of the block's k best items, each by its best row in the block.
 
     Exact over blocks: an item among the final k attains its score in some block, where fewer than k items score
     higher (each of them has at least that score overall), so that block lists it."""
-    scores = rows @ query / rows.norm(dim=1).clamp_min(1e-12)
-    scores = torch.nan_to_num(scores, nan=float("-inf"))
-    positions = torch.arange(start, start + rows.shape[0])
+    count_rows = scores.shape[0]
+    positions = torch.arange(start, start + count_rows)
     items = torch.searchsorted(offsets, positions, right=True) - 1
     first = int(items[0])
     local = items - first
     count = int(local[-1]) + 1
     item_best = torch.full((count,), float("-inf")).scatter_reduce(0, local, scores, "amax")
     is_best = scores == item_best[local]
-    best_row = torch.full((count,), rows.shape[0], dtype=torch.long).scatter_reduce(
-        0, local[is_best], torch.arange(rows.shape[0])[is_best], "amin"
+    best_row = torch.full((count,), count_rows, dtype=torch.long).scatter_reduce(
+        0, local[is_best], torch.arange(count_rows)[is_best], "amin"
     )
     top = torch.topk(item_best, min(k, count))
     for score, index in zip(top.values.tolist(), top.indices.tolist(), strict=True):
         item = first + index
-        row = start + int(best_row[index]) - int(offsets[item])
-        yield item, float(score), row
+        yield item, float(score), start + int(best_row[index]) - int(offsets[item])
 
 
 def _hit(rank: int, file: store.OutputFile, item_index: int, score: float, row: int) -> SearchHit:

@@ -15,6 +15,7 @@ Every file appears atomically: written to a temporary file in the same folder, f
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import re
@@ -506,13 +507,19 @@ def load(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 @dataclass(frozen=True)
 class OutputFile:
     """One file of an output, without its embeddings: whose rows are where (row r of the file belongs to item i
-    where offsets[i] <= r < offsets[i + 1])."""
+    where offsets[i] <= r < offsets[i + 1]). Keys and items are decoded from the header when first asked for."""
 
     path: Path
     header: dict
-    keys: list[str]
-    items: list[dict]
     offsets: torch.Tensor  # int64 [N + 1]
+
+    @functools.cached_property
+    def keys(self) -> list[str]:
+        return json.loads(self.header["keys"])
+
+    @functools.cached_property
+    def items(self) -> list[dict]:
+        return json.loads(self.header["items"])
 
 
 @dataclass(frozen=True)
@@ -536,17 +543,21 @@ def output_index(path: str | os.PathLike) -> list[OutputFile]:
             if header.get("format") != FORMAT:
                 raise ValueError(f"{file}: not a {FORMAT} file (format={header.get('format')!r})")
             offsets = fh.get_tensor("offsets")
-        files.append(OutputFile(file, header, json.loads(header["keys"]), json.loads(header["items"]), offsets))
+        files.append(OutputFile(file, header, offsets))
     return files
 
 
-def iter_row_blocks(path: str | os.PathLike, rows: int = 65_536) -> Iterator[RowBlock]:
+def iter_row_blocks(
+    path: str | os.PathLike, rows: int = 65_536, files: list[OutputFile] | None = None
+) -> Iterator[RowBlock]:
     """The output's embeddings in blocks of at most `rows` rows, file by file. safetensors maps each file and
-    copies out only the block asked for, so an output far larger than memory is read with one block in RAM."""
+    copies out only the block asked for, so an output far larger than memory is read with one block in RAM.
+    `files`: the output's `output_index`, when the caller has it (saves reading a shard index again)."""
     from safetensors import safe_open
 
     size = max(1, int(rows))
-    for number, file in enumerate(_files(Path(path))):
+    paths = [f.path for f in files] if files is not None else _files(Path(path))
+    for number, file in enumerate(paths):
         with safe_open(str(file), framework="pt") as fh:
             embeddings = fh.get_slice("embeddings")
             total = embeddings.get_shape()[0]

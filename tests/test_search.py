@@ -202,8 +202,8 @@ def test_search_reads_blocks_not_the_whole_file(sample_index, monkeypatch):
     sizes = []
     real = search_module.store.iter_row_blocks
 
-    def spy(path, rows):
-        for block in real(path, rows):
+    def spy(path, rows, files=None):
+        for block in real(path, rows, files):
             sizes.append(block.rows.shape[0])
             yield block
 
