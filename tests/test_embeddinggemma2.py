@@ -198,6 +198,38 @@ def test_an_explicit_prompt_equals_sentence_transformers(eg2_dirs, stages, refer
     assert_equal_to_reference(ours, reference(eg2_dirs[True]).encode(TEXTS[:3], prompt=prompt))
 
 
+@pytest.mark.parametrize("template", [True, False], ids=["chat-template", "no-template"])
+def test_a_prompt_with_images_follows_sentence_transformers(template, eg2_dirs, stages, reference):
+    """With a chat template the prompt becomes a system message before the image; without one,
+    sentence-transformers applies prompts to text only."""
+    images = [decode_image(str(MEDIA / "images" / name)) for name in IMAGES[:2]]
+    ours = stages[template].embed("image", images, prompt_name="query")
+    ref = reference(eg2_dirs[template]).encode(images, prompt_name="query", batch_size=media_batch_size(template))
+    assert_equal_to_reference(ours, ref)
+    plain = stages[template].embed("image", images)
+    assert (rel(ours[0], plain[0].numpy()) > 1e-3) == template
+
+
+def test_a_soft_token_budget_equals_sentence_transformers_processing_kwargs(eg2_dirs, stages, reference):
+    images = [decode_image(str(MEDIA / "images" / name)) for name in IMAGES[:3]]
+    ours = stages[True].embed("image", images, max_soft_tokens=140)
+    ref = reference(eg2_dirs[True]).encode(images, processing_kwargs={"image": {"max_soft_tokens": 140}})
+    assert_equal_to_reference(ours, ref)
+
+
+def test_pooling_without_the_prompt_equals_sentence_transformers(tmp_path, eg2_dirs, reference):
+    """include_prompt=false: sentence-transformers leaves the prompt's tokens out of the mean (direct route)."""
+    folder = tmp_path / "no-prompt-pooling"
+    shutil.copytree(eg2_dirs[False], folder)
+    pooling = folder / "1_Pooling" / "config.json"
+    pooling.write_text(json.dumps({**json.loads(pooling.read_text()), "include_prompt": False}))
+    ours = Stages(folder).embed("text", TEXTS, prompt_name="query")
+    ref = reference(folder).encode(TEXTS, prompt_name="query")
+    assert_equal_to_reference(ours, ref)
+    with_prompt = reference(eg2_dirs[False]).encode(TEXTS, prompt_name="query")
+    assert rel(ours[0], with_prompt[0]) > 1e-3  # the prompt's tokens really are left out
+
+
 def test_truncate_dim_256_equals_sentence_transformers(eg2_dirs, reference):
     """SentenceTransformer(ckpt, truncate_dim=256) keeps the first 256 components of its normalised vector;
     gemma-embed renormalises them (the model card's Matryoshka recipe), which is that output with
