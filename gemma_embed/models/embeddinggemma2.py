@@ -40,7 +40,7 @@ import torch
 from gemma_embed.errors import CheckpointError, ItemError, UsageError
 from gemma_embed.memory import text_sequence_cost
 from gemma_embed.models.base import PreparedItem, Unit
-from gemma_embed.models.gemma4 import trim_vision_inputs
+from gemma_embed.models.gemma4 import resized_size, trim_vision_inputs
 from gemma_embed.models.gemma4_audio import gemma4_audio_rows
 from gemma_embed.models.loading import Checkpoint, load_part
 from gemma_embed.models.st_inputs import (
@@ -108,8 +108,12 @@ class EmbeddingGemma2Preparer:
         self.setup = setup or read_sentence_transformers(checkpoint)
         self.prompt = self.setup.resolve_prompt(prompt, prompt_name)
         self.processor = processor or load_st_processor(checkpoint, self.setup)
-        self.former = InputFormer(self.processor, self.setup, getattr(checkpoint.config, "model_type", MODEL_TYPE))
         self.max_soft_tokens = max_soft_tokens
+        forming = self.setup
+        if max_soft_tokens is not None and modality in ("image", "video"):
+            # As sentence-transformers' processing_kwargs={"image": {"max_soft_tokens": N}} (or "video").
+            forming = with_processing_kwargs(self.setup, modality, {"max_soft_tokens": int(max_soft_tokens)})
+        self.former = InputFormer(self.processor, forming, getattr(checkpoint.config, "model_type", MODEL_TYPE))
         config = checkpoint.config
         self.token_ids = {
             "image": config.image_token_id,
@@ -118,9 +122,7 @@ class EmbeddingGemma2Preparer:
         }
         vision = getattr(config, "vision_config", None)
         self.pool_area = (vision.pooling_kernel_size if vision is not None else 3) ** 2
-        if self.max_soft_tokens is not None and modality in ("image", "video"):
-            key = "image" if modality == "image" else "video"
-            self.former.setup = with_processing_kwargs(self.setup, key, {"max_soft_tokens": int(self.max_soft_tokens)})
+        self.patch_size = vision.patch_size if vision is not None else 16
 
     def describe(self) -> dict:
         return {
@@ -146,8 +148,9 @@ class EmbeddingGemma2Preparer:
             raise ValueError(f"the token sequence has {slots} placeholder slots for {rows} {self.modality} rows")
         meta = {**meta, "tokens": int(ids.shape[0])}
         if units and self.modality in ("image", "video"):
-            meta["patches"] = units[0].length
-            meta["soft_tokens"] = units[0].rows
+            meta.update(resized_size(units[0], self.patch_size), patches=units[0].length, soft_tokens=units[0].rows)
+        elif units:  # audio: the mel frames embedded (the feature extractor keeps the first 30 s, as in ST)
+            meta["feature_frames"] = units[0].length
         return PreparedItem(units=units, meta=meta, sequence=TokenSequence(ids, placeholders, pool_from))
 
     def _units(self, out) -> list[Unit]:

@@ -106,7 +106,7 @@ def _read_json(checkpoint: Checkpoint, relative: str, optional: bool = False) ->
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{checkpoint.source}: cannot read {relative}: {exc}") from exc
+        raise CheckpointError(f"{checkpoint.source}: cannot read {relative}: {' '.join(str(exc).split())}") from exc
 
 
 def fetch_side_files(checkpoint: Checkpoint) -> None:
@@ -119,7 +119,8 @@ def fetch_side_files(checkpoint: Checkpoint) -> None:
     try:
         snapshot_download(checkpoint.source, revision=checkpoint.revision, allow_patterns=list(SIDE_FILE_PATTERNS))
     except Exception as exc:  # noqa: BLE001 - any hub failure is one line for the user
-        raise CheckpointError(f"{checkpoint.source}: cannot fetch its sentence-transformers files: {exc}") from exc
+        detail = " ".join(str(exc).split())
+        raise CheckpointError(f"{checkpoint.source}: cannot fetch its sentence-transformers files: {detail}") from exc
 
 
 def read_sentence_transformers(checkpoint: Checkpoint) -> SentenceTransformerSetup:
