@@ -268,8 +268,8 @@ def test_truncated_long_text_gets_the_template_suffix_back_as_sentence_transform
 
 
 def test_padded_ragged_stage2_batches_equal_each_sequence_alone(stages):
-    """Measured: right padding with the attention mask leaves every real token's result unchanged (rel. error
-    ~1e-7 in float32), so the engine may group sequences of different lengths."""
+    """Measured: right padding with the attention mask changes a vector by float32 rounding only (1e-7 to 2e-6
+    relative: SDPA takes its masked kernel), so the engine may group sequences of different lengths."""
     s = stages[True]
     preparer = EmbeddingGemma2Preparer(s.checkpoint, "text", s.setup)
     units = [stage2_item(preparer.prepare(t), None).units[0] for t in TEXTS]
@@ -279,7 +279,7 @@ def test_padded_ragged_stage2_batches_equal_each_sequence_alone(stages):
         alone = [tower.encode([u])[0] for u in units]
     assert len({u.length for u in units}) == len(units)
     worst = max(rel(b, a) for b, a in zip(batched, alone, strict=True))
-    assert worst < 1e-6
+    assert worst < TOLERANCE
 
 
 def test_stage2_unit_refuses_rows_that_do_not_fill_the_slots(stages):

@@ -215,7 +215,9 @@ class EmbeddingGemma2TextTower:
 
     Units are whole sequences; the engine groups them as ragged batches (sorted by length, padding capped):
     padding is exact here because attention masks padded keys, positions are right-padded (a real token keeps
-    its position), and pooling counts real tokens only (tests/test_embeddinggemma2.py measures the error).
+    its position), and pooling counts real tokens only. Measured against each sequence alone: 1e-7 to 2e-6
+    relative error in float32 (SDPA's masked kernel rounds differently), under the 1e-5 the tool promises
+    (tests/test_embeddinggemma2.py::test_padded_ragged_stage2_batches_equal_each_sequence_alone).
     """
 
     grouping = "ragged"
