@@ -1,8 +1,9 @@
 """Build tiny random Gemma checkpoints, saved exactly as a real one is (`save_pretrained` + processor files).
 
-    python samples/make_tiny_checkpoint.py            # writes samples/tiny-gemma4/ and samples/tiny-gemma3n/
+    python samples/make_tiny_checkpoint.py   # writes samples/tiny-gemma4/, tiny-gemma3n/ and tiny-embeddinggemma2/
 
-Tests import `build_gemma4` and `build_gemma3n` to make their own checkpoints through the same code. Every
+Tests import `build_gemma4`, `build_gemma3n` and `build_embeddinggemma2` to make their own checkpoints through the
+same code. Every
 parameter is drawn at random with a fixed seed, because transformers' default init sets some tables (the vision
 position table, norm weights) to constants, and a constant weight hides a loader that forgot to read it.
 """
@@ -213,16 +214,211 @@ def build_gemma3n(folder: Path, seed: int = 0, max_shard_size: str | None = None
     return folder
 
 
+# ------------------------------------------------------------------------------------------ EmbeddingGemma 2
+
+# The tiny tokenizer's special tokens, in id order. The Gemma 4 family's placeholder spellings (the processor reads
+# them from the tokenizer's image_token, boi_token, ... attributes); the config's token ids are read back from the
+# tokenizer, so config and tokenizer agree by construction with a 400-token vocabulary instead of 262 144.
+EG2_SPECIAL_TOKENS = (
+    "<pad>", "<eos>", "<bos>", "<unk>", "<mask>",
+    "<|image>", "<image|>", "<|image|>", "<|audio>", "<audio|>", "<|audio|>", "<|video|>",
+    "<start_of_turn>", "<end_of_turn>",
+)  # fmt: skip
+EG2_CONFIG_TOKENS = {
+    "boi_token_id": "<|image>",
+    "eoi_token_id": "<image|>",
+    "image_token_id": "<|image|>",
+    "video_token_id": "<|video|>",
+    "boa_token_id": "<|audio>",
+    "eoa_token_index": "<audio|>",
+    "audio_token_id": "<|audio|>",
+}
+EG2_CORPUS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "A photograph of a red car parked by the sea at sunset.",
+    "task: search result | query: title: none | text: ",
+    "Sound of rain falling on a tin roof at night, a bird singing.",
+    "Video of a cat playing piano in the living room.",
+    "0123456789 !?.,;:'\"()[]{}<>/\\-_+=*&%$#@",
+)
+# A TEST chat template, written for these samples: the real checkpoint's template is not available offline.
+# It has the Gemma turn shape and puts each media item's placeholder where the item is; the processor expands the
+# placeholder into <|image> + n x <|image|> + <image|> (audio, video alike). Tests check gemma-embed against
+# sentence-transformers with this template and with none: sentence-transformers takes a different route for each.
+EG2_TEST_CHAT_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{{- '<start_of_turn>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'text' -%}{{- item['text'] -}}"
+    "{%- elif item['type'] == 'image' -%}{{- '<|image|>' -}}"
+    "{%- elif item['type'] == 'audio' -%}{{- '<|audio|>' -}}"
+    "{%- elif item['type'] == 'video' -%}{{- '<|video|>' -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '<end_of_turn>\\n' -}}"
+    "{%- endfor -%}"
+)
+EG2_PROMPTS = {"query": "task: search result | query: ", "document": "title: none | text: "}
+
+
+def tiny_tokenizer(vocab_size: int = 400):
+    """A byte-level BPE trained on a few sentences (any text tokenizes), adding <bos> like Gemma's tokenizers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(EG2_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(EG2_CORPUS * 4, trainer=trainer)
+    bos = tokenizer.token_to_id("<bos>")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", bos)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+        extra_special_tokens={
+            "image_token": "<|image|>",
+            "boi_token": "<|image>",
+            "eoi_token": "<image|>",
+            "audio_token": "<|audio|>",
+            "boa_token": "<|audio>",
+            "eoa_token": "<audio|>",
+        },
+        padding_side="right",
+    )
+
+
+def tiny_embeddinggemma2_config(
+    tokenizer,
+    vision: bool = True,
+    audio: bool = True,
+    embedding_dim: int = 384,
+    text_layers: int = 3,
+    sliding_window: int = 8,
+):
+    """Text model: 3 layers (2 sliding with a radius of 8 tokens, so the samples' sequences cross it, then 1 full).
+    Vision/audio towers: the tiny Gemma 4 towers."""
+    from transformers.models.embedding_gemma2.configuration_embedding_gemma2 import (
+        EmbeddingGemma2Config,
+        EmbeddingGemma2TextConfig,
+    )
+
+    text = EmbeddingGemma2TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=text_layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        global_head_dim=16,
+        hidden_size_per_layer_input=8,
+        embedding_dim=embedding_dim,
+        sliding_window=sliding_window,
+        layer_types=["sliding_attention"] * (text_layers - 1) + ["full_attention"],
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    towers = tiny_gemma4_config(vision=vision, audio=audio)
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in EG2_CONFIG_TOKENS.items()}
+    return EmbeddingGemma2Config(
+        text_config=text, vision_config=towers.vision_config, audio_config=towers.audio_config, **ids
+    )
+
+
+def build_embeddinggemma2(
+    folder: Path,
+    seed: int = 0,
+    vision: bool = True,
+    audio: bool = True,
+    chat_template: bool = True,
+    max_soft_tokens: int = 70,
+    embedding_dim: int = 384,
+    dense: bool = True,
+    max_shard_size: str | None = None,
+) -> Path:
+    """A tiny EmbeddingGemma 2 checkpoint laid out like the hub repo, written by the libraries themselves:
+    transformers' `save_pretrained` (model; processor = image/video processors, feature extractor, tokenizer and
+    chat template), then sentence-transformers' own `SentenceTransformer.save` (modules.json, 1_Pooling/, Dense
+    modules, Normalize, config_sentence_transformers.json with its prompts, sentence_bert_config.json).
+
+    Matryoshka: `embedding_dim` (384) exceeds 256 so `truncate_dim=256` truncates. `dense`: two Dense modules
+    after pooling (384 -> 192 tanh -> 384), every weight random, as the text model's."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Dense, Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+    from transformers import Gemma4AudioFeatureExtractor, Gemma4ImageProcessor
+    from transformers.models.embedding_gemma2.modeling_embedding_gemma2 import EmbeddingGemma2Model
+    from transformers.models.embedding_gemma2.processing_embedding_gemma2 import EmbeddingGemma2Processor
+    from transformers.models.embedding_gemma2.video_processing_embedding_gemma2 import EmbeddingGemma2VideoProcessor
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(seed)
+    model = EmbeddingGemma2Model(
+        tiny_embeddinggemma2_config(tokenizer, vision=vision, audio=audio, embedding_dim=embedding_dim)
+    ).eval()
+    randomize(model, seed)
+    model.save_pretrained(folder, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    processor = EmbeddingGemma2Processor(
+        feature_extractor=Gemma4AudioFeatureExtractor(),
+        image_processor=Gemma4ImageProcessor(max_soft_tokens=max_soft_tokens),
+        tokenizer=tokenizer,
+        video_processor=EmbeddingGemma2VideoProcessor(),
+        chat_template=EG2_TEST_CHAT_TEMPLATE if chat_template else None,
+        image_seq_length=max_soft_tokens,
+    )
+    processor.save_pretrained(folder)
+
+    transformer = Transformer(str(folder))  # reads back what transformers wrote: the library's own modality setup
+    modules = [transformer, Pooling(embedding_dim, "mean")]
+    if dense:
+        middle = embedding_dim // 2
+        first = Dense(embedding_dim, middle, bias=True, activation_function=torch.nn.Tanh())
+        second = Dense(middle, embedding_dim, bias=False, activation_function=torch.nn.Identity())
+        generator = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            for layer in (first, second):
+                for parameter in layer.parameters():
+                    parameter.copy_(torch.randn(parameter.shape, generator=generator) / math.sqrt(parameter.shape[-1]))
+        modules += [first, second]
+    modules.append(Normalize())
+    SentenceTransformer(modules=modules, prompts=dict(EG2_PROMPTS)).save(str(folder))
+    (folder / "README.md").unlink(missing_ok=True)  # the generated model card: no loader reads it
+    if max_shard_size:
+        # SentenceTransformer.save wrote the model again as one file next to the shards: keep the sharded layout.
+        (folder / "model.safetensors").unlink(missing_ok=True)
+        model.save_pretrained(folder, max_shard_size=max_shard_size)
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE / "tiny-gemma4")
     parser.add_argument("--out-gemma3n", type=Path, default=HERE / "tiny-gemma3n")
+    parser.add_argument("--out-embeddinggemma2", type=Path, default=HERE / "tiny-embeddinggemma2")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     build_gemma4(args.out, seed=args.seed)
     print(f"wrote {args.out}")
     build_gemma3n(args.out_gemma3n, seed=args.seed)
     print(f"wrote {args.out_gemma3n}")
+    build_embeddinggemma2(args.out_embeddinggemma2, seed=args.seed)
+    print(f"wrote {args.out_embeddinggemma2}")
 
 
 if __name__ == "__main__":

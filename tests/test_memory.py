@@ -130,3 +130,33 @@ MEASURED = [
 def test_cost_model_never_underestimates_measured_peaks(d, i, h, n, b, s, eager, measured_mib):
     modelled = b * vision_item_cost(n, d, i, h, s, materialises_scores=eager)
     assert measured_mib * 2**20 <= modelled <= 1.25 * measured_mib * 2**20
+
+
+# EmbeddingGemma 2's text model (stage 2), measured the same way (bench/bench_text_memory.py, bench/MEMORY.md):
+# (layers, per-layer dim, lengths in one batch, bytes per element, measured MiB); hidden 512, intermediate 2048,
+# sliding radius 512.
+TEXT_MEASURED = [
+    (24, 512, [128], 4, 18.0),
+    (24, 512, [2048], 4, 288.0),
+    (24, 512, [1024, 800], 4, 288.0),
+    (24, 512, [1024], 2, 120.2),
+    (6, 64, [1024], 4, 48.5),
+    (6, 64, [4096], 4, 262.1),
+    (6, 64, [8192], 4, 1036.2),
+]
+
+
+@pytest.mark.parametrize("layers, ple, lengths, s, measured_mib", TEXT_MEASURED)
+def test_text_cost_model_never_underestimates_measured_peaks(layers, ple, lengths, s, measured_mib):
+    cost = memory.text_sequence_cost(max(lengths), 512, 2048, layers, ple, s, sliding_window=512)
+    modelled = len(lengths) * cost  # the engine plans a ragged group at its padded length
+    assert measured_mib * 2**20 <= modelled <= 1.25 * measured_mib * 2**20
+
+
+def test_text_cost_is_linear_below_the_window_and_quadratic_above():
+    def cost(n):
+        return memory.text_sequence_cost(n, 512, 2048, 6, 64, 4, sliding_window=512)
+
+    assert cost(400) == pytest.approx(2 * cost(200), rel=0.01)  # (a padded batch adds a 1-byte mask per pair)
+    assert cost(16384) > 3.5 * cost(8192)  # the sliding mask's tokens x tokens term takes over
+    assert memory.text_sequence_cost(0, 512, 2048, 24, 512, 4, 512) == 0

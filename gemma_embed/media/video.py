@@ -391,12 +391,45 @@ def upright(frames: np.ndarray, rotation: int) -> np.ndarray:
     return np.ascontiguousarray(np.rot90(frames, k=quarter_turns, axes=(1, 2)))
 
 
+def _decode_wanted(path: str, table: FrameTable, wanted: list[int], deadline: _Deadline):
+    """(frames by index, rotation, times by index, seeks, frames decoded): by the frame table where it holds,
+    else by counting frames from the start."""
+    import av
+
+    if table.pts is not None:
+        try:
+            with _open(path) as container:
+                frames, rotation, seeks, decoded = _decode_by_table(
+                    container, _video_stream(container), table, wanted, deadline
+                )
+            times = {i: float((table.pts[i] - table.pts[0]) * table.time_base) for i in wanted}
+            return frames, rotation, times, seeks, decoded
+        except _TableMismatch:
+            pass
+        except av.error.FFmpegError as exc:
+            raise VideoDecodeError(f"corrupt video stream: {exc.strerror or exc}") from None
+    frames, rotation, times, decoded = _decode_by_count(path, wanted, deadline)
+    return frames, rotation, times, 0, decoded
+
+
+def decode_frame(path: str, index: int, time_limit_s: float = DECODE_TIME_LIMIT_S) -> np.ndarray:
+    """One frame, upright, by its presentation-order index (as DecodedVideo.frame_indices lists them): what a
+    search result page shows for a video hit."""
+    if os.path.isdir(path) or not os.path.isfile(path):
+        raise VideoDecodeError("not a file")
+    deadline = _Deadline(time_limit_s)
+    with _open(path) as container:
+        table = probe(container, _video_stream(container), deadline)
+    if not 0 <= index < table.packets:
+        raise VideoDecodeError(f"no frame {index} (the stream has {table.packets})")
+    frames, rotation, _, _, _ = _decode_wanted(path, table, [int(index)], deadline)
+    return upright(frames[int(index)][None], rotation)[0]
+
+
 def decode_video(
     path: str, policy: FramePolicy = FramePolicy(), time_limit_s: float = DECODE_TIME_LIMIT_S
 ) -> DecodedVideo:
     """Sample and decode a video's frames per `policy`; raise VideoDecodeError with a one-line reason."""
-    import av
-
     if os.path.isdir(path):
         raise VideoDecodeError("is a directory, not a video file")
     if os.path.getsize(path) == 0:
@@ -418,21 +451,7 @@ def decode_video(
             f"{len(wanted)} frames of {width}x{height} exceed {MAX_DECODED_BYTES >> 30} GiB; "
             f"sample fewer (--max-frames)"
         )
-    seeks = decoded = 0
-    frames = None
-    if table.pts is not None:
-        try:
-            with _open(path) as container:
-                frames, rotation, seeks, decoded = _decode_by_table(
-                    container, _video_stream(container), table, wanted, deadline
-                )
-            times = {i: float((table.pts[i] - table.pts[0]) * table.time_base) for i in wanted}
-        except _TableMismatch:
-            frames = None
-        except av.error.FFmpegError as exc:
-            raise VideoDecodeError(f"corrupt video stream: {exc.strerror or exc}") from None
-    if frames is None:
-        frames, rotation, times, decoded = _decode_by_count(path, wanted, deadline)
+    frames, rotation, times, seeks, decoded = _decode_wanted(path, table, wanted, deadline)
     try:
         stacked = np.stack([frames[i] for i in wanted])
     except ValueError:

@@ -26,6 +26,9 @@ class PreparedItem:
     units: list[Unit]
     meta: dict = field(default_factory=dict)  # per-item metadata for the output file
     rows_per_unit: int | None = None  # set when every unit yields the same rows (video frames)
+    # A second stage's input built in the prepare stage, e.g. EmbeddingGemma 2's token sequence whose placeholder
+    # slots take the units' rows (models/embeddinggemma2.py). None for single-stage models.
+    sequence: Any = None
 
 
 class Tower(Protocol):

@@ -3,7 +3,8 @@
 - `tensors_file`: one embedding file (safetensors layout: `embeddings`, `offsets`, string metadata);
 - `layout`: the names of parts, shards, slices, manifests, the index and the errors file, and atomic writes;
 - `writer`: `EmbeddingWriter` (parts, resume, the final order, shards);
-- `reader`: `load`, `iter_items`, `read_metadata` over every layout.
+- `reader`: `load`, `iter_items`, `read_metadata` over every layout; `output_index` and `iter_row_blocks` for
+  readers that scan every row in blocks (search).
 """
 
 from gemma_embed.store.layout import (
@@ -24,7 +25,15 @@ from gemma_embed.store.layout import (
     write_index,
     write_manifest,
 )
-from gemma_embed.store.reader import iter_items, load, read_metadata
+from gemma_embed.store.reader import (
+    OutputFile,
+    RowBlock,
+    iter_items,
+    iter_row_blocks,
+    load,
+    output_index,
+    read_metadata,
+)
 from gemma_embed.store.tensors_file import read_header, write_embedding_file
 from gemma_embed.store.writer import FINGERPRINT, EmbeddingWriter
 
@@ -38,6 +47,10 @@ def make_header(**fields) -> dict[str, str]:
 __all__ = [
     "FINGERPRINT",
     "EmbeddingWriter",
+    "OutputFile",
+    "RowBlock",
+    "iter_row_blocks",
+    "output_index",
     "atomic_path",
     "atomic_write_text",
     "check_output_path",

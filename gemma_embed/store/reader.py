@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from gemma_embed import FORMAT
 from gemma_embed.store.layout import index_path, output_files
-from gemma_embed.store.tensors_file import FileRows, read_header
+from gemma_embed.store.tensors_file import FileRows, _safe_open, read_header
 
 
 def _files(path: Path) -> list[Path]:
@@ -69,3 +72,63 @@ def iter_items(path: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor, dic
 def load(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Every item's rows, keyed as in the output, in order."""
     return {key: rows for key, rows, _ in iter_items(path)}
+
+
+# ------------------------------------------------------------------------------------------ block reader
+
+
+@dataclass(frozen=True)
+class OutputFile:
+    """One file of an output, without its embeddings: whose rows are where (row r of the file belongs to item i
+    where offsets[i] <= r < offsets[i + 1]). Keys and items are decoded from the header when first asked for."""
+
+    path: Path
+    header: dict
+    offsets: torch.Tensor  # int64 [N + 1]
+
+    @functools.cached_property
+    def keys(self) -> list[str]:
+        return json.loads(self.header["keys"])
+
+    @functools.cached_property
+    def items(self) -> list[dict]:
+        return json.loads(self.header["items"])
+
+
+@dataclass(frozen=True)
+class RowBlock:
+    """Consecutive rows of one file: rows `start` .. `start + len(rows)` of `files[file]`."""
+
+    file: int
+    start: int
+    rows: torch.Tensor  # (n, D), in the stored dtype
+
+
+def output_index(path: str | os.PathLike) -> list[OutputFile]:
+    """Every file of an output (a single file, or the shards its index lists, in that order) with its keys, items
+    and offsets; reads no embeddings."""
+    files = []
+    for file in _files(Path(path)):
+        with _safe_open(file) as fh:
+            header = dict(fh.metadata() or {})
+            if header.get("format") != FORMAT:
+                raise ValueError(f"{file}: not a {FORMAT} file (format={header.get('format')!r})")
+            offsets = fh.get_tensor("offsets")
+        files.append(OutputFile(file, header, offsets))
+    return files
+
+
+def iter_row_blocks(
+    path: str | os.PathLike, rows: int = 65_536, files: list[OutputFile] | None = None
+) -> Iterator[RowBlock]:
+    """The output's embeddings in blocks of at most `rows` rows, file by file. safetensors maps each file and
+    copies out only the block asked for, so an output far larger than memory is read with one block in RAM.
+    `files`: the output's `output_index`, when the caller has it (saves reading a shard index again)."""
+    size = max(1, int(rows))
+    paths = [f.path for f in files] if files is not None else _files(Path(path))
+    for number, file in enumerate(paths):
+        with _safe_open(file) as fh:
+            embeddings = fh.get_slice("embeddings")
+            total = embeddings.get_shape()[0]
+            for start in range(0, total, size):
+                yield RowBlock(number, start, embeddings[start : min(start + size, total)])

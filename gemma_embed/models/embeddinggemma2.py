@@ -1,0 +1,401 @@
+"""EmbeddingGemma 2 (`embedding_gemma2`): one L2-normalised retrieval vector per item, in two stages.
+
+EmbeddingGemma 2 reuses the Gemma 4 vision and audio towers (stored without the `model.` prefix) and adds a
+bidirectional text model. Its users run it through sentence-transformers, whose `Transformer` module turns an
+item into token ids with placeholder slots (through the checkpoint's chat template when there is one), runs the
+whole model, then the modules listed in `modules.json` (mean `Pooling`, any `Dense`, `Normalize`). gemma-embed
+runs the same computation as two stages on its own engine:
+
+1. stage 1: today's towers. The item's image, video frames or audio clip become units of
+   `Gemma4VisionTower` / `Gemma4AudioTower` (`space="language"`: the rows the model scatters into its sequence);
+2. stage 2: `EmbeddingGemma2TextTower`. One unit per item: its token ids, with the stage-1 rows written into the
+   placeholder slots, through the text model, then pooling, the Dense modules, normalisation and an optional
+   Matryoshka truncation. One vector per unit.
+
+The call sequence a pipeline follows (`encode_two_stages` below does steps 3-5 over a window of items):
+
+    setup = read_sentence_transformers(checkpoint)                  # the ST files, plain JSON + safetensors
+    preparer = EmbeddingGemma2Preparer(checkpoint, "image", setup, prompt_name="query")
+    stage1 = Engine(Gemma4VisionTower(checkpoint, device, dtype), "language")   # audio: Gemma4AudioTower;
+    stage2 = Engine(EmbeddingGemma2TextTower(checkpoint, device, dtype, setup, dim=None), "retrieval")
+    1. decode:  media/ (PIL image, DecodedVideo, DecodedAudio) or a str for text
+    2. prepare: item = preparer.prepare(decoded)        # item.units: stage-1 units; item.sequence: TokenSequence
+    3. stage 1: rows = encode_items(stage1, items, keys)  (skipped for text: no units)
+    4. build:   item2 = stage2_item(item, rows[i])     # the stage-2 unit: ids + rows for the placeholder slots
+    5. stage 2: vectors = encode_items(stage2, items2, keys)   # one (1, D) float32 row per item
+
+Only what a run needs is loaded: the text model always (`language_model.`), the vision tower and `embed_vision`
+for images/video, the audio tower and `embed_audio` for audio, each strictly, through `load_part`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gemma_embed.errors import CheckpointError, ItemError, UsageError
+from gemma_embed.memory import text_sequence_cost
+from gemma_embed.models.base import PreparedItem, Unit
+from gemma_embed.models.gemma4 import resized_size, trim_vision_inputs
+from gemma_embed.models.gemma4_audio import gemma4_audio_rows
+from gemma_embed.models.loading import Checkpoint, load_part
+from gemma_embed.models.st_inputs import (
+    MODALITIES,
+    MODEL_TYPE,
+    MODULE_WEIGHTS_FILE,
+    NORMALIZE,
+    DenseLayer,
+    InputFormer,
+    SentenceTransformerSetup,
+    activation_module,
+    load_st_processor,
+    read_sentence_transformers,
+    with_processing_kwargs,
+)
+from gemma_embed.pooling import l2_normalize, mean_pool, truncate_dim
+
+TEXT_MODEL_PREFIXES = ("language_model.", "model.language_model.")
+
+
+def is_embeddinggemma2(checkpoint: Checkpoint) -> bool:
+    return getattr(checkpoint.config, "model_type", None) == MODEL_TYPE
+
+
+# ------------------------------------------------------------------------------------------------ preparer
+
+
+@dataclass
+class TokenSequence:
+    """One item's token ids and where the stage-1 rows go. `pool_from`: leading tokens pooling skips (a prompt,
+    when the checkpoint's Pooling has include_prompt=false)."""
+
+    input_ids: torch.Tensor  # (L,) int64
+    placeholders: torch.Tensor  # (L,) bool: slots filled, in order, with the item's stage-1 rows
+    pool_from: int = 0
+
+    @property
+    def slots(self) -> int:
+        return int(self.placeholders.sum())
+
+
+class EmbeddingGemma2Preparer:
+    """Decoded item -> stage-1 units (trimmed, as the towers take them) + the token sequence with its slots.
+
+    One preparer per modality ("text", "image", "video", "audio"). The prompt is resolved once, as
+    sentence-transformers resolves it (`prompt`, else `prompts[prompt_name]`, else the default prompt name).
+    `max_soft_tokens` overrides the processor's image/frame budget (it changes the vectors: sentence-transformers
+    uses the checkpoint's default).
+    """
+
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        modality: str,
+        setup: SentenceTransformerSetup | None = None,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        max_soft_tokens: int | None = None,
+        processor=None,
+    ):
+        if modality not in MODALITIES:
+            raise UsageError(f"EmbeddingGemma 2 embeds {', '.join(MODALITIES)}, not {modality!r}")
+        self.checkpoint = checkpoint
+        self.modality = modality
+        self.setup = setup or read_sentence_transformers(checkpoint)
+        self.prompt = self.setup.resolve_prompt(prompt, prompt_name)
+        self.processor = processor or load_st_processor(checkpoint, self.setup)
+        self.max_soft_tokens = max_soft_tokens
+        forming = self.setup
+        if max_soft_tokens is not None and modality in ("image", "video"):
+            # As sentence-transformers' processing_kwargs={"image": {"max_soft_tokens": N}} (or "video").
+            forming = with_processing_kwargs(self.setup, modality, {"max_soft_tokens": int(max_soft_tokens)})
+        self.former = InputFormer(self.processor, forming, getattr(checkpoint.config, "model_type", MODEL_TYPE))
+        config = checkpoint.config
+        self.token_ids = {
+            "image": config.image_token_id,
+            "video": config.video_token_id,
+            "audio": config.audio_token_id,
+        }
+        vision = getattr(config, "vision_config", None)
+        self.pool_area = (vision.pooling_kernel_size if vision is not None else 3) ** 2
+        self.patch_size = vision.patch_size if vision is not None else 16
+
+    def describe(self) -> dict:
+        return {
+            "processor": type(self.processor).__name__,
+            "chat_template": self.former.uses_messages,
+            "prompt": self.prompt,
+            "max_soft_tokens": self.max_soft_tokens,
+        }
+
+    def prepare(self, decoded) -> PreparedItem:
+        value, rate, meta = _st_input(self.modality, decoded)
+        out, pool_from = self.former.form(self.modality, value, self.prompt, sampling_rate=rate)
+        mask = out["attention_mask"][0].bool()
+        ids = out["input_ids"][0][mask].to(torch.long)
+        units = self._units(out)
+        # The slots of this item's own modality take its rows; other placeholder ids (say, in a prompt) embed as
+        # padding, as EmbeddingGemma2Model.forward does when that modality has no input.
+        token = self.token_ids.get(self.modality)
+        placeholders = ids == int(token) if token is not None else torch.zeros_like(ids, dtype=torch.bool)
+        slots = int(placeholders.sum())
+        rows = sum(u.rows for u in units)
+        if slots != rows:
+            raise ValueError(f"the token sequence has {slots} placeholder slots for {rows} {self.modality} rows")
+        meta = {**meta, "tokens": int(ids.shape[0])}
+        if units and self.modality in ("image", "video"):
+            meta.update(resized_size(units[0], self.patch_size), patches=units[0].length, soft_tokens=units[0].rows)
+        elif units:  # audio: the mel frames embedded (the feature extractor keeps the first 30 s, as in ST)
+            meta["feature_frames"] = units[0].length
+        return PreparedItem(units=units, meta=meta, sequence=TokenSequence(ids, placeholders, pool_from))
+
+    def _units(self, out) -> list[Unit]:
+        if self.modality == "image":
+            return trim_vision_inputs(out["pixel_values"], out["image_position_ids"], self.pool_area)
+        if self.modality == "video":
+            return trim_vision_inputs(out["pixel_values_videos"], out["video_position_ids"], self.pool_area)
+        if self.modality == "audio":
+            features, mask = out["input_features"][0], out["input_features_mask"][0].bool()
+            valid = int(mask.sum())
+            if valid == 0:
+                raise ValueError("too short to embed: the clip gives no feature frame")
+            if not bool(mask[:valid].all()):
+                raise ValueError("feature extractor output has padding frames before real ones")
+            return [
+                Unit(
+                    inputs={"input_features": features[:valid].contiguous()},
+                    length=valid,
+                    rows=gemma4_audio_rows(valid),
+                )
+            ]
+        return []
+
+
+def _st_input(modality: str, decoded) -> tuple[Any, int | None, dict]:
+    """What a sentence-transformers user passes for this decoded item, its sampling rate, and item metadata."""
+    if modality == "text":
+        if not isinstance(decoded, str):
+            raise TypeError("a text item must be a str")
+        return decoded, None, {"chars": len(decoded)}
+    if modality == "image":  # a media.image.DecodedImage (its RGB image and what the file was), or an image
+        image = getattr(decoded, "image", decoded)
+        return image, None, {"width": image.width, "height": image.height, **getattr(decoded, "meta", {})}
+    if modality == "audio":
+        samples = getattr(decoded, "samples", decoded)
+        rate = getattr(decoded, "sample_rate", None)
+        meta = {"duration_s": round(len(samples) / rate, 6)} if rate else {}
+        return samples, rate, meta
+    frames = getattr(decoded, "frames", decoded)
+    return frames, None, {"frames": int(len(frames))}
+
+
+# --------------------------------------------------------------------------------------------- stage 2
+
+
+def stage2_item(item: PreparedItem, rows: torch.Tensor | None) -> PreparedItem:
+    """The stage-2 unit of one item: its token ids and its stage-1 rows (one per placeholder slot, in order)."""
+    sequence: TokenSequence = item.sequence
+    if sequence is None:
+        raise ValueError("item has no token sequence (not prepared by EmbeddingGemma2Preparer)")
+    count = 0 if rows is None else int(rows.shape[0])
+    if count != sequence.slots:
+        raise ValueError(f"{count} stage-1 rows for {sequence.slots} placeholder slots")
+    inputs = {"input_ids": sequence.input_ids, "placeholders": sequence.placeholders, "pool_from": sequence.pool_from}
+    if rows is not None and count:
+        inputs["rows"] = rows
+    unit = Unit(inputs=inputs, length=int(sequence.input_ids.shape[0]), rows=1)
+    return PreparedItem(units=[unit], meta=item.meta)
+
+
+class EmbeddingGemma2TextTower:
+    """Stage 2 as a Tower: sequences -> text model -> mean pooling -> Dense modules -> normalise -> truncate.
+
+    Units are whole sequences; the engine groups them as ragged batches (sorted by length, padding capped):
+    padding is exact here because attention masks padded keys, positions are right-padded (a real token keeps
+    its position), and pooling counts real tokens only. Measured against each sequence alone: 1e-7 to 2e-6
+    relative error in float32 (SDPA's masked kernel rounds differently), under the 1e-5 the tool promises
+    (tests/test_embeddinggemma2.py::test_padded_ragged_stage2_batches_equal_each_sequence_alone).
+    """
+
+    grouping = "ragged"
+
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        device,
+        dtype,
+        setup: SentenceTransformerSetup | None = None,
+        dim: int | None = None,
+    ):
+        from transformers.models.embedding_gemma2.modeling_embedding_gemma2 import EmbeddingGemma2TextModel
+
+        text_config = getattr(checkpoint.config, "text_config", None)
+        if text_config is None or not is_embeddinggemma2(checkpoint):
+            raise CheckpointError(
+                f"{checkpoint.source}: not an EmbeddingGemma 2 checkpoint "
+                f"(model type {getattr(checkpoint.config, 'model_type', '?')})"
+            )
+        text_config._attn_implementation = "sdpa"  # sentence-transformers' default through from_pretrained
+        self.config = text_config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.setup = setup or read_sentence_transformers(checkpoint)
+        self.model = load_part(
+            checkpoint,
+            "language_model",
+            TEXT_MODEL_PREFIXES,
+            lambda: EmbeddingGemma2TextModel(text_config),
+            dtype,
+            device,
+        )
+        self.head = _load_head(checkpoint, self.setup, self.device)
+        width = self.setup.dim or text_config.embedding_dim
+        if dim is not None and not 0 < int(dim) <= width:
+            raise UsageError(f"--dim {dim}: the model's vectors have {width} dimensions")
+        self.dim = int(dim) if dim is not None and int(dim) < width else None
+        self.width = self.dim or width
+        self.pad_id = int(text_config.pad_token_id or 0)
+        config = checkpoint.config
+        ids = [getattr(config, name, None) for name in ("image_token_id", "video_token_id", "audio_token_id")]
+        self.multimodal_ids = torch.tensor([int(i) for i in ids if i is not None], dtype=torch.long)
+        self.output_dims = {"retrieval": self.width}
+
+    @property
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    def unit_cost(self, length: int) -> int:
+        cfg = self.config
+        return text_sequence_cost(
+            tokens=length,
+            hidden=cfg.hidden_size,
+            intermediate=cfg.intermediate_size,
+            layers=cfg.num_hidden_layers,
+            per_layer_dim=cfg.hidden_size_per_layer_input,
+            bytes_per_element=self.element_size,
+            sliding_window=cfg.sliding_window if "sliding_attention" in cfg.layer_types else None,
+        )
+
+    def encode(self, units: list[Unit], space: str = "retrieval") -> list[torch.Tensor]:
+        longest = max(u.length for u in units)
+        ids = torch.full((len(units), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(units), longest), dtype=torch.long)
+        slots = torch.zeros((len(units), longest), dtype=torch.bool)
+        pool = torch.zeros((len(units), longest), dtype=torch.long)
+        for i, unit in enumerate(units):
+            n = unit.length
+            ids[i, :n] = unit.inputs["input_ids"]
+            mask[i, :n] = 1
+            slots[i, :n] = unit.inputs["placeholders"]
+            pool[i, unit.inputs.get("pool_from", 0) : n] = 1
+        ids, mask, slots, pool = (t.to(self.device) for t in (ids, mask, slots, pool))
+        # As EmbeddingGemma2Model.forward: every placeholder id embeds as padding, then the item's rows overwrite
+        # its own slots in order.
+        multimodal = torch.isin(ids, self.multimodal_ids.to(self.device))
+        embeds = self.model.get_input_embeddings()(torch.where(multimodal, self.pad_id, ids))
+        rows = [u.inputs["rows"] for u in units if "rows" in u.inputs]
+        if rows:
+            embeds = embeds.masked_scatter(slots.unsqueeze(-1), torch.cat(rows).to(self.device, embeds.dtype))
+        hidden = self.model(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
+        return self.finish(mean_pool(hidden, pool))  # (B, D): one row per unit, split by the engine
+
+    def finish(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Pooled float32 vectors through the Dense / Normalize modules, then the optional truncation."""
+        x = pooled.float()
+        for step in self.head:
+            x = l2_normalize(x) if step == NORMALIZE else step(x)
+        return truncate_dim(x, self.dim)
+
+
+class _Dense(torch.nn.Module):
+    def __init__(self, spec: DenseLayer):
+        super().__init__()
+        self.linear = torch.nn.Linear(spec.in_features, spec.out_features, bias=spec.bias)
+        self.activation = activation_module(spec.activation)
+        self.use_residual = spec.use_residual
+        if spec.use_residual and spec.in_features != spec.out_features:
+            self.residual = torch.nn.Linear(spec.in_features, spec.out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.activation(self.linear(x))
+        if self.use_residual:
+            out = out + (self.residual(x) if hasattr(self, "residual") else x)
+        return out
+
+
+def _load_head(checkpoint: Checkpoint, setup: SentenceTransformerSetup, device) -> list:
+    """Dense modules (float32, strict, from their safetensors) and NORMALIZE markers, in module order."""
+    from gemma_embed.models.loading import build_without_init, load_module
+
+    head: list = []
+    for step in setup.head:
+        if step == NORMALIZE:
+            head.append(NORMALIZE)
+            continue
+        relative = f"{step.folder}/{MODULE_WEIGHTS_FILE}"
+        path = checkpoint.file_for(relative)
+        if not Path(path).is_file():
+            raise CheckpointError(f"{checkpoint.source}: no {relative} (only safetensors weights are read)")
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as fh:
+            tensors = {key: fh.get_tensor(key) for key in fh.keys()}
+        module, dtypes = build_without_init(lambda step=step: _Dense(step), torch.float32)
+        module = load_module(module, dtypes, tensors, relative, device)
+        head.append(module)
+    return head
+
+
+# ------------------------------------------------------------------------------------------- both stages
+
+
+def encode_two_stages(
+    stage1,
+    stage2,
+    items: Sequence[PreparedItem | None],
+    keys: Sequence[str],
+) -> list:
+    """Steps 3-5 of the call sequence over a window of prepared items: one (1, D) vector, an ItemError, or None
+    (where `items` has None) per item. `stage1` may be None for text (no item has units). The pipeline runs the
+    same steps item by item as they finish (pipeline._embed_all); this collects them for callers that want a
+    list."""
+    from gemma_embed.engine import encode_items
+
+    items, keys = list(items), list(keys)
+    results: list = [None] * len(items)
+    second: dict[int, PreparedItem] = {}
+
+    def to_stage2(index: int, rows) -> None:
+        if isinstance(rows, ItemError):
+            results[index] = rows
+            return
+        try:
+            second[index] = stage2_item(items[index], rows)
+        except ValueError as exc:
+            results[index] = ItemError.wrap(keys[index], "prepare", exc)
+
+    with_units = [i for i, item in enumerate(items) if item is not None and item.units]
+    if with_units:
+        if stage1 is None:
+            raise ValueError("items have stage-1 units but no stage-1 engine was given")
+        encode_items(
+            stage1,
+            [items[i] for i in with_units],
+            [keys[i] for i in with_units],
+            lambda n, rows: to_stage2(with_units[n], rows),
+        )
+    for i, item in enumerate(items):
+        if item is not None and not item.units:
+            to_stage2(i, None)
+    order = sorted(second)
+    encode_items(
+        stage2,
+        [second[i] for i in order],
+        [keys[i] for i in order],
+        lambda n, vector: results.__setitem__(order[n], vector),
+    )
+    return results
