@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 from gemma_embed import capture
 from gemma_embed.errors import ItemError
-from gemma_embed.media import file_facts
 from gemma_embed.models.base import PreparedItem
 from gemma_embed.sources import Source
 
@@ -51,19 +50,19 @@ def _decode_and_prepare(modality, source: Source, lookup: Lookup | None) -> Prep
         return Prepared(source, error=ItemError(source.key, "find", source.error, "FileNotFoundError"))
     stage = "decode"
     try:
-        facts = {"path": source.path, **file_facts(source.path)}
+        facts = source.facts()
         reuse = lookup(source.key, facts["sha256"]) if lookup is not None else None
         if reuse is not None:
             return Prepared(source, reuse=reuse, facts=facts)
         with capture.native():  # the C libraries run here: what they print on fd 2 is this item's
-            decoded = modality.decode(source.path)
+            decoded = modality.decode(source.content)
         stage = "prepare"
         item = modality.preparer.prepare(decoded)
     except Exception as exc:  # noqa: BLE001 - a bad file is a record, never the end of the run
         if isinstance(exc, PermissionError):
             exc = PermissionError(f"permission denied: {exc.strerror or exc}")
         return Prepared(source, error=ItemError.wrap(source.key, stage, exc))
-    item.meta = {**facts, **item.meta}
+    item.meta = {**facts, **source.meta, **item.meta}
     return Prepared(source, item=item, facts=facts)
 
 

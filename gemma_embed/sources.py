@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from gemma_embed.errors import UsageError
+from gemma_embed.media import file_facts
 
 
 @functools.cache
@@ -52,12 +54,31 @@ def parse_extensions(text: str | Iterable[str] | None) -> tuple[str, ...] | None
 
 @dataclass(frozen=True)
 class Source:
-    """One input item. `key` names it in the output; `path` is what gets opened."""
+    """One input item. `key` names it in the output; `path` is the file that holds it.
+
+    Most items are whole files, opened by path. An item that is part of something else (a line of a text file;
+    later a tar member or a parquet cell) carries its own bytes in `data`, and what the collection says about it
+    (a caption, sidecar JSON, kept columns) in `meta`, which joins the item's metadata. Decoders get `data` when
+    there is some, else `path`, and never know which kind of source it was.
+    """
 
     key: str
     path: str
     error: str | None = None  # set when the path cannot be an item (missing); reported, not fatal
     position: int = 0  # place in the whole input: orders the output and assigns distributed slices
+    data: bytes | None = None  # the item's own bytes, when it is not a whole file
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def content(self) -> str | bytes:
+        """What a decoder opens: the item's bytes, or the path of the file that is the item."""
+        return self.data if self.data is not None else self.path
+
+    def facts(self) -> dict:
+        """Where the item is, its size and content hash (how --resume knows it), and a file's mtime."""
+        if self.data is None:
+            return {"path": self.path, **file_facts(self.path)}
+        return {"path": self.path, "bytes": len(self.data), "sha256": hashlib.sha256(self.data).hexdigest()}
 
 
 def read_path_list(stream: IO[bytes] | IO[str], null_separated: bool) -> list[str]:
