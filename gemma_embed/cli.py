@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from gemma_embed import __version__
-from gemma_embed.config import ExportFormat, RunConfig, option_of
+from gemma_embed.config import Dtype, ExportFormat, RunConfig, option_of
 from gemma_embed.errors import GemmaEmbedError, UsageError
 
 app = typer.Typer(
@@ -27,6 +27,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+ALIAS = "__alias"  # parameter-name marker of a hidden old option name
 
 
 class _Command(typer.core.TyperCommand):
@@ -49,22 +52,20 @@ class _Command(typer.core.TyperCommand):
         pieces = [self.options_metavar] if self.options_metavar else []
         for param in self.params:
             if isinstance(param, typer.core.TyperArgument):
-                pieces.append(f"{param.metavar or param.name.upper()}{'...' if param.nargs != 1 else ''}")
+                name = f"{param.metavar or param.name.upper()}{'...' if param.nargs != 1 else ''}"
+                pieces.append(name if param.required else f"[{name}]")
         return pieces
 
 
-PATHS = inspect.Parameter(
-    "paths",
-    inspect.Parameter.KEYWORD_ONLY,
-    annotation=Annotated[
-        list[str],
-        typer.Argument(
-            help="Files, folders (walked) or - for a list of paths on stdin.",
-            show_default=False,
-            metavar="PATH",
-        ),
-    ],
-)
+PATHS_HELP = {
+    "text": "Text files (an item per line), folders (walked for .txt .text .md) or - for lines on stdin.",
+}
+
+
+def _paths(command: str) -> inspect.Parameter:
+    help_text = PATHS_HELP.get(command, "Files, folders (walked) or - for a list of paths on stdin.")
+    argument = typer.Argument(help=help_text, show_default=False, metavar="PATH")
+    return inspect.Parameter("paths", inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[list[str], argument])
 
 
 def _callback(spec):
@@ -83,9 +84,9 @@ def _callback(spec):
 
 
 def _parameters(command: str) -> list[inspect.Parameter]:
-    """PATHS plus one Typer option per RunConfig field that `command` takes, in the fields' order."""
+    """PATH plus one Typer option per RunConfig field that `command` takes, in the fields' order."""
     hints = typing.get_type_hints(RunConfig)
-    parameters = [PATHS]
+    parameters = [_paths(command)]
     for f in dataclasses.fields(RunConfig):
         spec = option_of(f)
         if spec is None or command not in spec.commands:
@@ -107,6 +108,16 @@ def _parameters(command: str) -> list[inspect.Parameter]:
                 f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, declared]
             )
         )
+        for n, alias in enumerate(spec.aliases):  # an old name: still parsed, not shown in --help
+            hidden = typer.Option(alias, hidden=True, callback=declared.callback)
+            parameters.append(
+                inspect.Parameter(
+                    f"{f.name}{ALIAS}{n}",
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=None,
+                    annotation=Annotated[kind | None, hidden],
+                )
+            )
     return parameters
 
 
@@ -114,6 +125,10 @@ def config_from(modality: str, options: dict) -> RunConfig:
     """The RunConfig for a command's parsed options (each option's parser applied)."""
     fields = {f.name: f for f in dataclasses.fields(RunConfig)}
     values = {"modality": modality, "inputs": tuple(options.pop("paths"))}
+    for name in [n for n in options if ALIAS in n]:  # an old option name given: it sets its field
+        value = options.pop(name)
+        if value is not None:
+            options[name.split(ALIAS)[0]] = value
     for name, value in options.items():
         spec = option_of(fields[name])
         values[name] = spec.parse(value) if spec.parse else value
@@ -170,6 +185,9 @@ app.command("images", cls=_Command)(
 app.command("video", cls=_Command)(
     _embed_command("video", "Embed videos: one item per video, rows = sampled frames x soft tokens per frame.")
 )
+app.command("text", cls=_Command)(
+    _embed_command("text", "Embed text (EmbeddingGemma 2): one retrieval vector per line, or per file with --per-file.")
+)
 app.command("audio", cls=_Command)(
     _embed_command(
         "audio", "Embed audio: one item per file (decoded to mono at the model's rate), rows = its soft tokens."
@@ -192,6 +210,51 @@ def plan(**options) -> None:
 
 plan.__signature__ = inspect.Signature(_parameters("plan"))
 app.command("plan", cls=_Command)(plan)
+
+
+@app.command("search", cls=_Command)
+def search_index(
+    index: Annotated[Path, typer.Argument(help="An output to search (.safetensors or .index.json).")],
+    query: Annotated[str | None, typer.Argument(help="Text to look for (EmbeddingGemma 2 indexes).")] = None,
+    image: Annotated[Path | None, typer.Option(help="Look for this image instead.", metavar="FILE")] = None,
+    video: Annotated[Path | None, typer.Option(help="Look for this video instead.", metavar="FILE")] = None,
+    audio: Annotated[Path | None, typer.Option(help="Look for this audio file instead.", metavar="FILE")] = None,
+    top: Annotated[int, typer.Option("-k", "--top", help="Hits to show.", metavar="K", min=1)] = 10,
+    jsonl: Annotated[bool, typer.Option("--jsonl", help="One JSON record per hit.", metavar="")] = False,
+    html_file: Annotated[
+        Path | None, typer.Option("--html", help="Also write a page with thumbnails and players.", metavar="FILE")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Default: the index's model (another is refused).", metavar="ID|DIR")
+    ] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.", metavar="DEV")] = "auto",
+    dtype: Annotated[Dtype, typer.Option(help="As for the embedding commands.", metavar="DTYPE")] = Dtype.auto,
+    prompt_name: Annotated[
+        str | None, typer.Option(help="The query's prompt (default: the checkpoint's query).", metavar="NAME")
+    ] = None,
+    prompt: Annotated[str | None, typer.Option(help="This prompt text instead.", metavar="TEXT")] = None,
+) -> None:
+    """Search an output: embed the query with the index's model and settings, exact cosine top-k."""
+    from gemma_embed.search import Query, query_index, render_html, render_jsonl, render_table
+
+    media = {"images": image, "video": video, "audio": audio}
+    given = [(kind, file) for kind, file in media.items() if file is not None]
+    if (query is None) == (not given) or len(given) > 1:
+        raise _fail("give one query: a text, or one of --image, --video, --audio", 2)
+    wanted = Query(text=query) if query is not None else Query(file=str(given[0][1]), modality=given[0][0])
+    try:
+        hits = query_index(index, wanted, top, model, device, str(dtype), prompt_name, prompt)
+    except UsageError as exc:
+        raise _fail(str(exc), 2) from None
+    except GemmaEmbedError as exc:
+        raise _fail(str(exc), 1) from None
+    except (OSError, ValueError) as exc:  # the reader's messages name the file
+        raise _fail(str(exc), 2) from None
+    print(render_jsonl(hits) if jsonl else render_table(hits), end="")
+    if html_file is not None:
+        from gemma_embed.store import atomic_write_text
+
+        atomic_write_text(html_file, render_html(hits, wanted.describe(), index=str(index)))
 
 
 @app.command("inspect", cls=_Command)

@@ -40,6 +40,7 @@ class Modality(Choice):
     images = "images"
     video = "video"
     audio = "audio"
+    text = "text"  # EmbeddingGemma 2 checkpoints: one item per line of text (or per file)
 
 
 class Dtype(Choice):
@@ -62,8 +63,10 @@ class Pool(Choice):
 
 
 class Space(Choice):
-    language = "language"
-    tower = "tower"
+    auto = "auto"  # retrieval for an EmbeddingGemma 2 checkpoint, language for the others
+    language = "language"  # the towers' soft tokens after the embed_* projection
+    tower = "tower"  # the encoder's own output
+    retrieval = "retrieval"  # EmbeddingGemma 2: one normalised vector per item
 
 
 class OnError(Choice):
@@ -78,11 +81,13 @@ class ExportFormat(Choice):
 
 # ------------------------------------------------------------------------------------------ option specs
 
-EMBED = ("images", "video", "audio")  # the commands that embed and write an output
+MEDIA = ("images", "video", "audio")  # the commands that embed media files
+EMBED = (*MEDIA, "text")  # the commands that embed and write an output
 PLAN = ("plan",)
 
 # Help panels, in the order `--help` shows them.
 INPUT, MODEL, OUTPUT, PERFORMANCE, ROBUSTNESS = "Input", "Model", "Output", "Performance", "Robustness"
+RETRIEVAL = "EmbeddingGemma 2"
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,7 @@ class Option:
     commands: tuple[str, ...] = EMBED
     panel: str = INPUT
     flags: tuple[str, ...] = ()  # extra names, e.g. "-o"
+    aliases: tuple[str, ...] = ()  # old names still accepted, not shown in --help
     long: str | None = None  # the long name when it is not the field's name with dashes
     check: Callable[[Any], None] | None = None  # raises ValueError with a short reason
     # When the command line spells the value differently (--batch-size auto|N): its type, default and parser.
@@ -190,39 +196,40 @@ class RunConfig:
     inputs: tuple[str, ...] = ()  # files, folders or "-": the commands' PATH argument
     ext: tuple[str, ...] | None = option(
         None,
-        "Walk folders for these extensions only (default: all the decoders read).",
+        "Walk folders for these extensions only.",
         commands=EMBED + PLAN,
         cli_type=str,
         parse=parse_extensions,
         metavar="EXT,...",
     )
     null_separated: bool = option(
-        False, "Paths on stdin are NUL-separated (find -print0).", commands=EMBED + PLAN, long="--null", flags=("-0",)
+        False, "NUL-separated paths on stdin (find -print0).", commands=EMBED + PLAN, long="--null", flags=("-0",)
     )
     max_soft_tokens: int | None = option(
         None,
-        "Soft tokens per image or frame: 70, 140, 280, 560 or 1120 (default: the processor's).",
+        "70, 140, 280, 560 or 1120 per image or frame.",
         commands=("images", "video", "plan"),
         check=soft_token_budget,
         metavar="N",
     )
     fps: float | None = option(
         None,
-        "Sample F frames per second, at most --max-frames (default: 32 frames evenly spaced).",
+        "Frames per second to sample (default: the model's).",
         commands=("video", "plan"),
         check=positive,
         metavar="F",
     )
     max_frames: int | None = option(
         None,
-        "Frames per video, or the cap with --fps (default: the processor's, 32).",
+        "Frames per video, or the cap with --fps.",
         commands=("video", "plan"),
         check=at_least(1),
         metavar="N",
     )
+    per_file: bool = option(False, "One item per file, not per line.", commands=("text",))
     window_s: float = option(
         MAX_WINDOW_S,
-        "Split longer audio into windows of at most S seconds (30 at most).",
+        "Window length for longer audio, at most 30 s.",
         commands=("audio", "plan"),
         check=audio_window,
         metavar="S",
@@ -244,31 +251,50 @@ class RunConfig:
     )
     dtype: Dtype = option(
         Dtype.auto,
-        "auto (bf16 on CUDA, else float32), float32, bfloat16, float16.",
+        "auto, float32, bfloat16 or float16.",
         commands=EMBED + PLAN,
         panel=MODEL,
         metavar="DTYPE",
     )
     space: Space = option(
-        Space.language,
-        "language: after the embed_* projection; tower: before it.",
-        commands=EMBED + PLAN,
+        Space.auto,
+        "auto, retrieval, language or tower.",
+        commands=MEDIA + PLAN,
         panel=MODEL,
         metavar="SPACE",
+    )
+    prompt_name: str | None = option(
+        None,
+        "A named prompt: query, document, ...",
+        commands=EMBED + PLAN,
+        panel=RETRIEVAL,
+        metavar="NAME",
+    )
+    prompt: str | None = option(
+        None, "This prompt before each item.", commands=EMBED + PLAN, panel=RETRIEVAL, metavar="TEXT"
+    )
+    dim: int | None = option(
+        None,
+        "Keep N dimensions, renormalised.",
+        commands=EMBED + PLAN,
+        panel=RETRIEVAL,
+        check=at_least(1),
+        metavar="N",
     )
     # Output ----------------------------------------------------------------------------------------------
     output: Path = option(
         Path("embeddings.safetensors"), "Output .safetensors file.", panel=OUTPUT, flags=("-o",), metavar="FILE"
     )
     overwrite: bool = option(False, "Replace an existing output.", panel=OUTPUT)
-    resume: bool = option(False, "Finish or add to an output; saved items are reused.", panel=OUTPUT)
-    prune: bool = option(False, "With --resume: drop saved items this input does not name.", panel=OUTPUT)
+    resume: bool = option(False, "Finish or add to an output, reusing items.", panel=OUTPUT)
+    prune: bool = option(False, "With --resume: drop items not in the input.", panel=OUTPUT)
     output_dtype: OutputDtype = option(
-        OutputDtype.float32, "float32, float16 or bfloat16 rows.", panel=OUTPUT, metavar="DTYPE"
+        OutputDtype.float32, "float32, float16 or bfloat16.", panel=OUTPUT, metavar="DTYPE"
     )
     pool: Pool = option(
         Pool.none,
-        "none (all rows), mean (one per item), frame (one per frame).",
+        "none, mean, or frame (one per frame).",
+        commands=MEDIA,
         panel=OUTPUT,
         metavar="POOL",
     )
@@ -281,7 +307,7 @@ class RunConfig:
     )
     flush_every: int = option(
         500,
-        "Save finished items every N items and 60 s.",
+        "Save finished items every N (and 60 s).",
         panel=OUTPUT,
         check=at_least(1),
         metavar="N",
@@ -291,7 +317,7 @@ class RunConfig:
     # Performance -----------------------------------------------------------------------------------------
     batch_size: int | None = option(
         None,
-        "Units per device batch; auto: the fastest that fits.",
+        "Units per device batch; auto: the fastest.",
         commands=EMBED + PLAN,
         panel=PERFORMANCE,
         cli_type=str,
@@ -319,7 +345,7 @@ class RunConfig:
         None,
         "Split the input over N processes (job arrays, torchrun ranks).",
         panel=PERFORMANCE,
-        flags=("--num-shards",),
+        aliases=("--num-shards",),
         check=at_least(1),
         metavar="N",
     )
@@ -327,13 +353,13 @@ class RunConfig:
         None,
         "This process's slice, 0 to N-1 (torchrun: its RANK).",
         panel=PERFORMANCE,
-        flags=("--shard-index",),
+        aliases=("--shard-index",),
         check=at_least(0),
         metavar="I",
     )
     # Robustness ------------------------------------------------------------------------------------------
     on_error: OnError = option(
-        OnError.skip, "skip: name a bad item, go on; stop: end the run.", panel=ROBUSTNESS, metavar="skip|stop"
+        OnError.skip, "skip: name a bad item; stop: end the run.", panel=ROBUSTNESS, metavar="skip|stop"
     )
     debug: bool = option(False, "Tracebacks of failed items.", commands=EMBED + PLAN, panel=ROBUSTNESS)
 

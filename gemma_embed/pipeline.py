@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 
 from gemma_embed import capture, distributed, memory, store
-from gemma_embed.config import RunConfig
+from gemma_embed.config import RunConfig, Space
 from gemma_embed.decoding import WINDOW_ITEMS, Prepared, prepared_stream
 from gemma_embed.device import dtype_name, resolve_device, resolve_dtype, use_device
 from gemma_embed.engine import Engine, encode_items
@@ -29,6 +29,7 @@ from gemma_embed.pooling import pool_rows
 from gemma_embed.progress import Reporter
 from gemma_embed.result import RunResult
 from gemma_embed.sources import Source, iter_sources, require_input, skipped_note
+from gemma_embed.text_items import iter_text_sources
 
 # Decode the next window while a CPU encodes this one? Off: on the CPU they compete for the same cores
 # (bench/README.md has the measurements); on an accelerator the overlap is always on.
@@ -68,13 +69,56 @@ def _header(config: RunConfig, loaded: Loaded) -> dict[str, str]:
         model=config.model,
         revision=config.revision,
         modality=config.modality,
-        space=config.space,
+        space=loaded.stages.space,
         pooling=config.pool,
         compute_dtype=dtype_name(loaded.dtype),
         device=str(loaded.device),
         model_type=getattr(loaded.checkpoint.config, "model_type", ""),
         preprocessing=json.dumps(loaded.stages.preparer.describe()),
+        # Retrieval vectors: their width (--dim), which a search query must share. Tower rows: none (as before).
+        **({"dim": loaded.stages.width} if loaded.stages.second is not None else {}),
     )
+
+
+@dataclass
+class Encoders:
+    """A run's encode stages: the tower (stage 1; none for text) and, for retrieval vectors, the text model
+    (stage 2). Each is an Engine of its own: its own memory plan, cost scale and chunk tuning."""
+
+    first: Engine | None
+    second: Engine | None
+
+    @classmethod
+    def build(cls, config: RunConfig, loaded: Loaded, reporter=None, should_stop=None) -> Encoders:
+        def engine(tower, space) -> Engine | None:
+            if tower is None:
+                return None
+            return Engine(tower, space, loaded.budget_spec, config.batch_size, reporter, should_stop)
+
+        stages = loaded.stages
+        if stages.second is None:
+            return cls(engine(stages.tower, stages.space), None)
+        # Stage 1 gives the rows the text model takes into its sequence: the towers' language-space rows.
+        return cls(engine(stages.tower, Space.language), engine(stages.second, stages.space))
+
+    @property
+    def engines(self) -> list[Engine]:
+        return [e for e in (self.first, self.second) if e is not None]
+
+    @property
+    def pacer(self) -> Engine:
+        """The engine whose measured rate sizes the decode windows (the first stage items go through)."""
+        return self.first or self.second
+
+    def chunking(self, batch_size: int | None) -> dict:
+        report = {e: e.tuner.report() if e.tuner else {"fixed": batch_size} for e in self.engines}
+        if self.second is None:
+            return report[self.first]
+        return {"stage1": report.get(self.first), "stage2": report[self.second]}
+
+    def peak_device_memory(self) -> int | None:
+        peaks = [p for p in (e.peak_device_memory() for e in self.engines) if p is not None]
+        return max(peaks) if peaks else None
 
 
 def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunResult:
@@ -93,8 +137,7 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
         store.check_output_path(config.output, config.overwrite, config.resume)
         distributed.begin_slice(config.output, part)
     skipped: Counter = Counter()  # files the folder walk passes over, by extension
-    found = iter_sources(config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped)
-    found = require_input(found, config.inputs, config.modality, config.ext, skipped)  # before loading a model
+    found = require_input(_find(config, stdin, skipped), config.inputs, config.modality, config.ext, skipped)
     result = RunResult()
     with stop_on_signals(immediate=True) as stop:
         try:
@@ -123,17 +166,10 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
             _count_in_background(config, part, reporter)
         captured = capture.Capture(reporter)  # library messages go to the items that cause them, not stderr
         with captured:
-            engine = Engine(
-                loaded.stages.tower,
-                config.space,
-                loaded.budget_spec,
-                config.batch_size,
-                reporter,
-                should_stop=stop.check,
-            )
+            encoders = Encoders.build(config, loaded, reporter, stop.check)
             try:
                 _embed_all(
-                    config, loaded.stages, engine, writer, sources, _Finisher(config, writer, reporter, result), stop
+                    config, loaded.stages, encoders, writer, sources, _Finisher(config, writer, reporter, result), stop
                 )
             except Interrupted as interrupted:
                 store.guarded_write(writer.flush, writer.parts)
@@ -168,9 +204,9 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
         result.output = (
             distributed.finish_slice(config.output, part, writer.positions(), reporter.note) or result.output
         )
-    result.peak_device_memory = engine.peak_device_memory()
-    result.oom_backoffs = engine.backoffs
-    result.chunking = engine.tuner.report() if engine.tuner else {"fixed": config.batch_size}
+    result.peak_device_memory = encoders.peak_device_memory()
+    result.oom_backoffs = sum(e.backoffs for e in encoders.engines)
+    result.chunking = encoders.chunking(config.batch_size)
     reporter.finish(result.finish())
     return result
 
@@ -180,7 +216,7 @@ def _count_in_background(config: RunConfig, part: distributed.Slice, reporter: R
     inputs, in a daemon thread. Never for stdin, which can be read only once."""
 
     def count() -> None:
-        total = sum(1 for _ in distributed.take(iter_sources(config.inputs, config.modality, ext=config.ext), part))
+        total = sum(1 for _ in distributed.take(_find(config), part))
         reporter.set_total(total)
 
     threading.Thread(target=count, name="count-inputs", daemon=True).start()
@@ -220,17 +256,54 @@ class _Finisher:
         self.reporter.item_done(p.source.key, int(pooled.shape[0]), warnings=p.warnings)
 
 
+def _encode_window(stages: ModalityStages, encoders: Encoders, to_encode: list[Prepared], finish: _Finisher) -> None:
+    """Every item of a window through the encode stages; each is finished as soon as its last stage is done."""
+    keys = [p.source.key for p in to_encode]
+    if encoders.second is None:
+        encode_items(encoders.first, [p.item for p in to_encode], keys, lambda i, rows: finish.done(to_encode[i], rows))
+        return
+    staged: list[tuple[Prepared, object]] = []  # (item, its stage-2 input: token ids with the stage-1 rows)
+
+    def after_stage1(p: Prepared, rows) -> None:
+        if isinstance(rows, ItemError):
+            finish.failed(rows, p.warnings)
+            return
+        try:
+            staged.append((p, stages.preparer.second_stage(p.item, rows)))
+        except ValueError as exc:
+            finish.failed(ItemError.wrap(p.source.key, "prepare", exc), p.warnings)
+
+    with_units = [p for p in to_encode if p.item.units]
+    if with_units:
+        encode_items(
+            encoders.first,
+            [p.item for p in with_units],
+            [p.source.key for p in with_units],
+            lambda i, rows: after_stage1(with_units[i], rows),
+        )
+    for p in to_encode:
+        if not p.item.units:  # text: no stage 1
+            after_stage1(p, None)
+    encode_items(
+        encoders.second,
+        [second for _, second in staged],
+        [p.source.key for p, _ in staged],
+        lambda i, vector: finish.done(staged[i][0], vector),
+    )
+
+
 def _embed_all(
     config: RunConfig,
     stages: ModalityStages,
-    engine: Engine,
+    encoders: Encoders,
     writer: store.EmbeddingWriter,
     sources: Iterable[Source],
     finish: _Finisher,
     stop,
 ) -> None:
     window_items = max(1, min(stages.window_items or WINDOW_ITEMS, config.flush_every))
-    overlap = engine.tower.device.type != "cpu" or OVERLAP_ON_CPU
+    pacer = encoders.pacer
+    overlap = pacer.tower.device.type != "cpu" or OVERLAP_ON_CPU
     windows = prepared_stream(
         stages,
         sources,
@@ -238,7 +311,7 @@ def _embed_all(
         window_items,
         lookup=writer.find_reusable if config.resume else None,
         overlap=overlap,
-        enough_work=lambda units, work: engine.enough_work(units, work, WINDOW_SECONDS),
+        enough_work=lambda units, work: pacer.enough_work(units, work, WINDOW_SECONDS),
     )
     try:
         for window in windows:
@@ -251,12 +324,7 @@ def _embed_all(
                     finish.failed(p.error)
                 else:
                     to_encode.append(p)
-            encode_items(
-                engine,
-                [p.item for p in to_encode],
-                [p.source.key for p in to_encode],
-                lambda index, rows, batch=to_encode: finish.done(batch[index], rows),
-            )
+            _encode_window(stages, encoders, to_encode, finish)
             # Let this window's prepared tensors go now: the loop variable would hold them while the next
             # window decodes (measured: ~150 MB of pixels at a 100-item window of 70-token images).
             window.clear()
@@ -267,38 +335,38 @@ def _embed_all(
 
 
 def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> dict:
-    """Dry run: device, memory, buckets and the chunk each would get now. Loads the tower (for its cost model)
+    """Dry run: device, memory, buckets and the chunk each would get now. Loads the towers (for their cost models)
     but encodes nothing."""
     reporter = reporter or Reporter.silent()
     skipped: Counter = Counter()
-    found = iter_sources(config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped)
-    sources = list(require_input(found, config.inputs, config.modality, config.ext, skipped))
+    sources = list(require_input(_find(config, stdin, skipped), config.inputs, config.modality, config.ext, skipped))
     loaded = _load(config)
-    engine = Engine(loaded.stages.tower, config.space, loaded.budget_spec, config.batch_size)
-    lengths: list[int] = []
+    encoders = Encoders.build(config, loaded)
+    lengths: dict[Engine, list[int]] = {engine: [] for engine in encoders.engines}
     failures = []
     with capture.Capture(reporter):
         for window in prepared_stream(loaded.stages, sources, config.workers):
             for p in window:
                 if p.error:
                     failures.append(p.error.as_record())
-                else:
-                    lengths += [u.length for u in p.item.units]
+                    continue
+                if encoders.first is not None:
+                    lengths[encoders.first] += [u.length for u in p.item.units]
+                if encoders.second is not None:  # stage 2: one sequence per item
+                    lengths[encoders.second].append(len(p.item.sequence.input_ids))
     free, total = memory.device_memory(loaded.device)
     buckets = []
-    for group in engine.grouping()(lengths):
-        chunk_plan = engine.plan(group.length)
-        buckets.append(
-            {
-                "length": group.length,
-                "units": len(group.indices),
-                "cost_per_unit": chunk_plan.cost_per_unit,
-                "chunk": chunk_plan.chunk,
-            }
-        )
+    for stage, engine in enumerate(encoders.engines, start=1):
+        for group in engine.grouping()(lengths[engine]):
+            chunk_plan = engine.plan(group.length)
+            bucket = {"length": group.length, "units": len(group.indices)}
+            if encoders.second is not None:
+                bucket["stage"] = stage if encoders.first is not None else 2
+            buckets.append({**bucket, "cost_per_unit": chunk_plan.cost_per_unit, "chunk": chunk_plan.chunk})
     result = {
         "type": "plan",
         "modality": str(config.modality),
+        "space": str(loaded.stages.space),
         "device": str(loaded.device),
         "dtype": dtype_name(loaded.dtype),
         "free_memory": free,
@@ -306,7 +374,7 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> dic
         "budget": memory.budget(free, total, loaded.budget_spec),
         "items": len(sources),
         "skipped": sum(skipped.values()),
-        "units": len(lengths),
+        "units": sum(len(v) for v in lengths.values()),
         "buckets": buckets,
         "failures": failures,
         "chunking": (
@@ -317,3 +385,10 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> dic
     }
     reporter.show_plan(result)
     return result
+
+
+def _find(config: RunConfig, stdin=None, skipped: Counter | None = None) -> Iterator[Source]:
+    """The find stage: files, folders and stdin lists; for text, the lines of files (or stdin) or whole files."""
+    if config.modality == "text":
+        return iter_text_sources(config.inputs, stdin, config.per_file, config.ext, skipped)
+    return iter_sources(config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped)

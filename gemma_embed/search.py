@@ -162,6 +162,94 @@ def _frame(pooling: str, item: dict, row: int) -> int | None:
     return frame if 0 <= frame < len(times) and times[frame] is not None else None
 
 
+# ------------------------------------------------------------------------------------------- the query
+
+
+@dataclass
+class Query:
+    """What to look for: a text, or a media file of one modality ("images", "video", "audio")."""
+
+    text: str | None = None
+    file: str | None = None
+    modality: str = "text"
+
+    def describe(self) -> str:
+        return self.text if self.text is not None else f"{self.modality}: {self.file}"
+
+
+def query_index(
+    index: str | os.PathLike,
+    query: Query,
+    k: int = 10,
+    model: str | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    prompt_name: str | None = None,
+    prompt: str | None = None,
+) -> list[SearchHit]:
+    """Embed `query` with the index's model and settings (through `run`, the same path the index took), refuse
+    a query that came out different (model, revision, space, width), then search.
+
+    Retrieval indexes (EmbeddingGemma 2): the query gets the checkpoint's `query` prompt unless `prompt_name` or
+    `prompt` says otherwise. Soft-token indexes (Gemma 4): the query is a media file, pooled to its mean row.
+    """
+    import tempfile
+
+    from gemma_embed.config import RunConfig
+    from gemma_embed.pipeline import run
+
+    header = store.output_index(index)[0].header
+    if model is not None:  # refuse another model before loading anything
+        check_query_settings(
+            header, {**{name: header.get(name) for name in QUERY_SETTINGS}, "model": model}, str(index)
+        )
+    space = header.get("space", "")
+    if space != "retrieval" and query.text is not None:
+        raise UsageError(
+            f"{index}: holds {space or 'tower'} rows of {header.get('model_type') or 'a model'} with no text "
+            f"encoder; search it with --image, --audio or --video, or index with an EmbeddingGemma 2 checkpoint"
+        )
+    if space == "retrieval" and prompt is None and prompt_name is None:
+        prompt_name = _query_prompt_name(model or header["model"], header.get("revision") or None)
+    budget = json.loads(header.get("preprocessing") or "{}").get("max_soft_tokens")
+    with tempfile.TemporaryDirectory(prefix="gemma-embed-query-") as tmp:
+        source = query.file
+        if query.text is not None:
+            source = os.path.join(tmp, "query.txt")
+            Path(source).write_text(query.text, encoding="utf-8")
+        config = RunConfig(
+            modality=query.modality,
+            inputs=(source,),
+            output=Path(tmp) / "query.safetensors",
+            model=model or header["model"],
+            revision=header.get("revision") or None,
+            device=device,
+            dtype=dtype,
+            space=space or "auto",
+            pool="none" if space == "retrieval" else "mean",
+            dim=int(header["dim"]) if header.get("dim") else None,
+            prompt=prompt,
+            prompt_name=prompt_name,
+            per_file=query.text is not None,
+            max_soft_tokens=budget if query.modality == header.get("modality") and query.modality != "text" else None,
+            quiet=True,
+        )
+        result = run(config)
+        if result.failed:
+            raise UsageError(f"cannot embed the query: {result.failures[0]['message']}")
+        check_query_settings(header, store.read_header(config.output), str(index))
+        (vector,) = store.load(config.output).values()
+    return search(index, vector.float().mean(dim=0), k)
+
+
+def _query_prompt_name(model: str, revision: str | None) -> str | None:
+    """sentence-transformers' `encode_query` prompt: the checkpoint's prompt named "query", if it has one."""
+    from gemma_embed.models.loading import resolve_checkpoint
+    from gemma_embed.models.st_inputs import read_sentence_transformers
+
+    return "query" if "query" in read_sentence_transformers(resolve_checkpoint(model, revision)).prompts else None
+
+
 # ---------------------------------------------------------------------------------------------- renderings
 
 

@@ -27,6 +27,10 @@ def extensions(modality: str) -> frozenset[str]:
         from gemma_embed.media.video import extensions as found
     elif modality == "audio":
         from gemma_embed.media.audio import extensions as found
+    elif modality == "text":
+        from gemma_embed.text_items import TEXT_EXTENSIONS
+
+        return TEXT_EXTENSIONS
     else:
         raise ValueError(f"no such modality: {modality}")
     return frozenset(found())

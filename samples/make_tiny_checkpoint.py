@@ -307,9 +307,12 @@ def tiny_embeddinggemma2_config(
     embedding_dim: int = 384,
     text_layers: int = 3,
     sliding_window: int = 8,
+    text_hidden: int = 32,
+    **tower_sizes,
 ):
     """Text model: 3 layers (2 sliding with a radius of 8 tokens, so the samples' sequences cross it, then 1 full).
-    Vision/audio towers: the tiny Gemma 4 towers."""
+    Vision/audio towers: the tiny Gemma 4 towers. Benchmarks pass bigger sizes (`text_hidden`, `text_layers`, and
+    `tiny_gemma4_config`'s vision sizes)."""
     from transformers.models.embedding_gemma2.configuration_embedding_gemma2 import (
         EmbeddingGemma2Config,
         EmbeddingGemma2TextConfig,
@@ -317,13 +320,13 @@ def tiny_embeddinggemma2_config(
 
     text = EmbeddingGemma2TextConfig(
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=text_hidden,
+        intermediate_size=2 * text_hidden,
         num_hidden_layers=text_layers,
-        num_attention_heads=2,
+        num_attention_heads=max(2, text_hidden // 64),
         num_key_value_heads=1,
-        head_dim=16,
-        global_head_dim=16,
+        head_dim=16 if text_hidden == 32 else 64,
+        global_head_dim=16 if text_hidden == 32 else 64,
         hidden_size_per_layer_input=8,
         embedding_dim=embedding_dim,
         sliding_window=sliding_window,
@@ -332,7 +335,7 @@ def tiny_embeddinggemma2_config(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
-    towers = tiny_gemma4_config(vision=vision, audio=audio)
+    towers = tiny_gemma4_config(vision=vision, audio=audio, **tower_sizes)
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in EG2_CONFIG_TOKENS.items()}
     return EmbeddingGemma2Config(
         text_config=text, vision_config=towers.vision_config, audio_config=towers.audio_config, **ids
@@ -349,6 +352,7 @@ def build_embeddinggemma2(
     embedding_dim: int = 384,
     dense: bool = True,
     max_shard_size: str | None = None,
+    **sizes,
 ) -> Path:
     """A tiny EmbeddingGemma 2 checkpoint laid out like the hub repo, written by the libraries themselves:
     transformers' `save_pretrained` (model; processor = image/video processors, feature extractor, tokenizer and
@@ -370,7 +374,7 @@ def build_embeddinggemma2(
     tokenizer = tiny_tokenizer()
     torch.manual_seed(seed)
     model = EmbeddingGemma2Model(
-        tiny_embeddinggemma2_config(tokenizer, vision=vision, audio=audio, embedding_dim=embedding_dim)
+        tiny_embeddinggemma2_config(tokenizer, vision=vision, audio=audio, embedding_dim=embedding_dim, **sizes)
     ).eval()
     randomize(model, seed)
     model.save_pretrained(folder, **({"max_shard_size": max_shard_size} if max_shard_size else {}))

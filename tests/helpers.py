@@ -124,3 +124,32 @@ def fail_chunks_above(monkeypatch, tower_cls, limit: int) -> None:
         return original(self, units, space)
 
     monkeypatch.setattr(tower_cls, "encode", limited)
+
+
+def spy_tensor_reads(monkeypatch) -> list[str]:
+    """Every tensor key read through safetensors.safe_open from now on, in order."""
+    import safetensors
+
+    keys: list[str] = []
+    real_open = safetensors.safe_open
+
+    class Spy:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            self.handle.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.handle.__exit__(*exc)
+
+        def get_tensor(self, key):
+            keys.append(key)
+            return self.handle.get_tensor(key)
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+    monkeypatch.setattr(safetensors, "safe_open", lambda *a, **k: Spy(real_open(*a, **k)))
+    return keys

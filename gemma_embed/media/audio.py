@@ -68,6 +68,15 @@ class DecodedAudio:
     def duration_s(self) -> float:
         return len(self.samples) / self.sample_rate
 
+    def facts(self) -> dict:
+        """What the output's item metadata records about the clip."""
+        return {
+            "duration_s": round(self.duration_s, 6),
+            "sample_rate": self.source_rate,
+            "channels": self.channels,
+            "decoder": self.decoder,
+        }
+
 
 class MonoResampler:
     """Downmix blocks of (channels, frames) float32 to mono, then resample them with libswresample.

@@ -93,21 +93,22 @@ def resolve_policy(
     processor_fps: float | None,
     fps: float | None = None,
     max_frames: int | None = None,
+    processor_max_frames: int | None = None,
 ) -> FramePolicy:
     """The checkpoint processor's policy, overridden by --fps and --max-frames.
 
-    transformers gives `num_frames` priority over `fps` when the processor has both (default_sample_indices_fn);
-    so does this. --fps switches to rate sampling capped by --max-frames (default: the processor's frame count);
-    --max-frames alone replaces the frame count.
+    A count policy (Gemma 4: 32 frames evenly spaced) and a rate policy (EmbeddingGemma 2: 1 frame per second, at
+    most 32) are both followed. transformers gives `num_frames` priority over `fps` when the processor has both
+    (default_sample_indices_fn); so does this. --fps switches to rate sampling capped by --max-frames (default: the
+    processor's cap or frame count); --max-frames alone replaces a count policy's count, or a rate policy's cap.
     """
     if fps is not None:
-        return FramePolicy(num_frames=None, fps=float(fps), max_frames=max_frames or processor_num_frames)
-    if max_frames is not None:
-        return FramePolicy(num_frames=int(max_frames))
-    if processor_num_frames is not None:
-        return FramePolicy(num_frames=int(processor_num_frames))
+        cap = max_frames or processor_max_frames or processor_num_frames
+        return FramePolicy(num_frames=None, fps=float(fps), max_frames=cap)
+    if processor_num_frames is not None or (max_frames is not None and processor_fps is None):
+        return FramePolicy(num_frames=int(max_frames or processor_num_frames))
     if processor_fps is not None:
-        return FramePolicy(num_frames=None, fps=float(processor_fps))
+        return FramePolicy(num_frames=None, fps=float(processor_fps), max_frames=max_frames or processor_max_frames)
     return FramePolicy(num_frames=None)
 
 
@@ -303,6 +304,21 @@ class DecodedVideo:
     @property
     def width(self) -> int:
         return int(self.frames.shape[2])
+
+    def facts(self) -> dict:
+        """What the output's item metadata records about the video and the frames taken from it."""
+        return {
+            "width": self.width,
+            "height": self.height,
+            "frames": len(self.frame_indices),
+            "frame_indices": list(self.frame_indices),
+            "timestamps": list(self.timestamps),
+            "fps": self.fps,
+            "duration_s": self.duration_s,
+            "total_frames": self.total_frames,
+            "rotation": self.rotation,
+            "codec": self.codec,
+        }
 
 
 class _TableMismatch(Exception):

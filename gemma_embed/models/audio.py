@@ -102,12 +102,7 @@ class AudioPreparer:
             windows.append({"start_s": start / self.sample_rate, "end_s": end / self.sample_rate, "rows": rows})
         if not units:
             raise ValueError(self._too_short(decoded))
-        meta = {
-            "duration_s": round(decoded.duration_s, 6),
-            "sample_rate": decoded.source_rate,
-            "channels": decoded.channels,
-            "decoder": decoded.decoder,
-        }
+        meta = decoded.facts()
         if len(bounds) > 1:
             meta["window_s"] = self.window_s
             meta["windows"] = windows

@@ -153,6 +153,10 @@ class EmbeddingGemma2Preparer:
             meta["feature_frames"] = units[0].length
         return PreparedItem(units=units, meta=meta, sequence=TokenSequence(ids, placeholders, pool_from))
 
+    def second_stage(self, item: PreparedItem, rows: torch.Tensor | None) -> PreparedItem:
+        """The item's stage-2 input once stage 1 has given its rows (see `stage2_item`)."""
+        return stage2_item(item, rows)
+
     def _units(self, out) -> list[Unit]:
         if self.modality == "image":
             return trim_vision_inputs(out["pixel_values"], out["image_position_ids"], self.pool_area)
@@ -184,13 +188,13 @@ def _st_input(modality: str, decoded) -> tuple[Any, int | None, dict]:
     if modality == "image":  # a media.image.DecodedImage (its RGB image and what the file was), or an image
         image = getattr(decoded, "image", decoded)
         return image, None, {"width": image.width, "height": image.height, **getattr(decoded, "meta", {})}
-    if modality == "audio":
+    if modality == "audio":  # a media.audio.DecodedAudio, or bare samples
         samples = getattr(decoded, "samples", decoded)
         rate = getattr(decoded, "sample_rate", None)
-        meta = {"duration_s": round(len(samples) / rate, 6)} if rate else {}
+        meta = decoded.facts() if hasattr(decoded, "facts") else {}
         return samples, rate, meta
-    frames = getattr(decoded, "frames", decoded)
-    return frames, None, {"frames": int(len(frames))}
+    frames = getattr(decoded, "frames", decoded)  # a media.video.DecodedVideo, or bare frames
+    return frames, None, decoded.facts() if hasattr(decoded, "facts") else {"frames": int(len(frames))}
 
 
 # --------------------------------------------------------------------------------------------- stage 2

@@ -177,16 +177,7 @@ class Gemma4VideoPreparer(_VisionPreparer):
         units = trim_vision_inputs(out["pixel_values_videos"], out["video_position_ids"], self.pool_area)
         rows_per_frame = units[0].rows  # one resize per video: every frame has the same grid
         meta = {
-            "width": video.width,
-            "height": video.height,
-            "frames": len(units),
-            "frame_indices": list(video.frame_indices),
-            "timestamps": list(video.timestamps),
-            "fps": video.fps,
-            "duration_s": video.duration_s,
-            "total_frames": video.total_frames,
-            "rotation": video.rotation,
-            "codec": video.codec,
+            **video.facts(),
             "rows_per_frame": rows_per_frame,
             "max_soft_tokens": self.max_soft_tokens,
             **resized_size(units[0], self.patch_size),

@@ -39,7 +39,7 @@ from gemma_embed.store.layout import (
 from gemma_embed.store.tensors_file import FileRows, file_metadata, read_header
 
 # Settings that change an item's rows: work saved under other values cannot be resumed into this run.
-FINGERPRINT = ("model", "revision", "modality", "space", "pooling", "compute_dtype", "preprocessing", "dtype")
+FINGERPRINT = ("model", "revision", "modality", "space", "pooling", "compute_dtype", "preprocessing", "dtype", "dim")
 # Item metadata that describes the file rather than its content: what a reused item takes from its own file.
 FILE_FACTS = ("path", "bytes", "mtime", "sha256")
 

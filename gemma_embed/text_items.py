@@ -1,0 +1,98 @@
+"""Text for EmbeddingGemma 2: every line of a text file (or of stdin) is one item, or every file with --per-file.
+
+Keys are `FILE:LINE` (1-based; FILE as the file's own key would be: as given, or relative to a walked folder) and
+`stdin:LINE` for lines read from `-`. Line breaks are not part of an item; blank lines are no items (their numbers
+are kept, so keys still point at the right line). Each line carries its own bytes, so --resume knows it by
+content like any other item. A line that is not UTF-8 is a failed item, named by its key.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from typing import IO
+
+from gemma_embed.sources import Source, iter_sources
+
+# What a folder walk takes for the text command (files named explicitly are taken whatever their extension).
+TEXT_EXTENSIONS = frozenset({".txt", ".text", ".md"})
+
+
+def numbered_lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(line number, line without its line break) for every line that is not blank."""
+    for number, line in enumerate(stream, start=1):
+        line = line.rstrip(b"\r\n")
+        if line.strip():
+            yield number, line
+
+
+def iter_text_sources(
+    inputs: Iterable[str],
+    stdin: IO | None = None,
+    per_file: bool = False,
+    ext: Iterable[str] | None = None,
+    skipped: Counter | None = None,
+) -> Iterator[Source]:
+    """Text items in input order, lazily: files and walked folders through `iter_sources`, `-` as lines."""
+    walked = tuple(ext) if ext else tuple(sorted(TEXT_EXTENSIONS))
+    position = 0
+
+    def numbered(source: Source) -> Source:
+        nonlocal position
+        position += 1
+        return replace(source, position=position - 1)
+
+    pending: list[str] = []
+
+    def files() -> Iterator[Source]:
+        for file in iter_sources(pending, "text", ext=walked, skipped=skipped):
+            if file.error is not None or per_file:
+                yield numbered(file)
+                continue
+            try:
+                with open(file.path, "rb") as fh:
+                    for line_number, line in numbered_lines(fh):
+                        yield numbered(
+                            Source(f"{file.key}:{line_number}", file.path, data=line, meta={"line": line_number})
+                        )
+            except OSError as exc:
+                yield numbered(replace(file, error=f"cannot read: {exc.strerror or exc}"))
+        pending.clear()
+
+    for given in inputs:
+        if given != "-":
+            pending.append(given)
+            continue
+        yield from files()
+        stream = stdin if stdin is not None else sys.stdin.buffer
+        for line_number, line in numbered_lines(_binary(stream)):
+            yield numbered(Source(f"stdin:{line_number}", "-", data=line, meta={"line": line_number}))
+    yield from files()
+
+
+def _binary(stream) -> IO[bytes]:
+    """stdin as bytes whether it was given as text (tests) or bytes (the command line)."""
+    if hasattr(stream, "buffer"):
+        return stream.buffer
+    if isinstance(getattr(stream, "read", lambda n=0: b"")(0), str):
+        return (line.encode("utf-8", "surrogateescape") for line in stream)
+    return stream
+
+
+def decode_text(content: str | bytes) -> str:
+    """A line's bytes, or (--per-file) the file at a path, as text without trailing line breaks."""
+    if isinstance(content, bytes):
+        data = content
+    else:
+        with open(content, "rb") as fh:
+            data = fh.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r})") from None
+    text = text.rstrip("\r\n")
+    if not text.strip():
+        raise ValueError("empty text")
+    return text
