@@ -56,15 +56,17 @@ class _Command(typer.core.TyperCommand):
 PATHS = inspect.Parameter(
     "paths",
     inspect.Parameter.KEYWORD_ONLY,
+    default=None,  # none with --dataset
     annotation=Annotated[
-        list[str],
+        list[str] | None,
         typer.Argument(
-            help="Files, folders (walked) or - for a list of paths on stdin.",
+            help="Files, folders, .tar shards, .parquet or - (list on stdin).",
             show_default=False,
             metavar="PATH",
         ),
     ],
 )
+NO_INPUT = "give PATH... (files, folders, tar shards, parquet files, - for a list on stdin) or --dataset NAME"
 
 
 def _callback(spec):
@@ -113,7 +115,7 @@ def _parameters(command: str) -> list[inspect.Parameter]:
 def config_from(modality: str, options: dict) -> RunConfig:
     """The RunConfig for a command's parsed options (each option's parser applied)."""
     fields = {f.name: f for f in dataclasses.fields(RunConfig)}
-    values = {"modality": modality, "inputs": tuple(options.pop("paths"))}
+    values = {"modality": modality, "inputs": tuple(options.pop("paths") or ())}
     for name, value in options.items():
         spec = option_of(fields[name])
         values[name] = spec.parse(value) if spec.parse else value
@@ -139,11 +141,17 @@ def exit_code(result) -> int:
     return 1 if result.failed else 0
 
 
+def _require_input(config: RunConfig) -> None:
+    if not config.inputs and config.dataset is None:
+        raise _fail(NO_INPUT, 2)
+
+
 def _embed(config: RunConfig) -> None:
     from gemma_embed.hostmem import pin_mmap_threshold
     from gemma_embed.pipeline import run
     from gemma_embed.progress import Reporter
 
+    _require_input(config)
     pin_mmap_threshold()  # keeps peak memory flat over long runs (see hostmem.py)
     reporter = Reporter(quiet=config.quiet, jsonl=config.jsonl, debug=config.debug)
     try:
@@ -184,6 +192,7 @@ def plan(**options) -> None:
 
     modality = options.pop("modality")
     config = config_from(modality, options)
+    _require_input(config)
     try:
         make_plan(config, Reporter(quiet=config.quiet))
     except UsageError as exc:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from gemma_embed.memory import parse_budget
-from gemma_embed.sources import parse_extensions
+from gemma_embed.sources import Collection, parse_extensions
+from gemma_embed.sources.table import parse_columns
 
 DEFAULT_MODEL = "google/gemma-4-e2b-it"
 IMAGE_SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
@@ -197,18 +198,18 @@ class RunConfig:
         metavar="EXT,...",
     )
     null_separated: bool = option(
-        False, "Paths on stdin are NUL-separated (find -print0).", commands=EMBED + PLAN, long="--null", flags=("-0",)
+        False, "NUL-separated stdin list (find -print0).", commands=EMBED + PLAN, long="--null", flags=("-0",)
     )
     max_soft_tokens: int | None = option(
         None,
-        "Soft tokens per image or frame: 70, 140, 280, 560 or 1120 (default: the processor's).",
+        "Soft tokens per image or frame: 70, 140, 280, 560 or 1120 (default: processor's).",
         commands=("images", "video", "plan"),
         check=soft_token_budget,
         metavar="N",
     )
     fps: float | None = option(
         None,
-        "Sample F frames per second, at most --max-frames (default: 32 frames evenly spaced).",
+        "Sample F frames/s, at most --max-frames (default: 32 frames evenly spaced).",
         commands=("video", "plan"),
         check=positive,
         metavar="F",
@@ -227,6 +228,20 @@ class RunConfig:
         check=audio_window,
         metavar="S",
     )
+    column: str | None = option(None, "Parquet/--dataset column of the media.", commands=EMBED + PLAN, metavar="NAME")
+    key_column: str | None = option(
+        None, "Column of item keys (default: FILE:ROW).", commands=EMBED + PLAN, metavar="NAME"
+    )
+    keep_columns: tuple[str, ...] = option(
+        (),
+        "Columns kept in item metadata.",
+        commands=EMBED + PLAN,
+        cli_type=str,
+        parse=parse_columns,
+        metavar="A,B",
+    )
+    dataset: str | None = option(None, "Hugging Face dataset: hub id or folder.", commands=EMBED + PLAN, metavar="NAME")
+    split: str | None = option(None, "The dataset's split (default: train).", commands=EMBED + PLAN, metavar="SPLIT")
     # Model -----------------------------------------------------------------------------------------------
     model: str = option(
         DEFAULT_MODEL,
@@ -350,11 +365,18 @@ class RunConfig:
                     raise ValueError(f"{f.name}={value!r}: choose one of {choices}") from None
         if self.ext is not None and not (isinstance(self.ext, tuple) and all(e.startswith(".") for e in self.ext)):
             object.__setattr__(self, "ext", parse_extensions(self.ext))
+        if not isinstance(self.keep_columns, tuple) or not all(isinstance(c, str) for c in self.keep_columns):
+            object.__setattr__(self, "keep_columns", parse_columns(self.keep_columns))
         if isinstance(self.inputs, (str, Path)):
             object.__setattr__(self, "inputs", (str(self.inputs),))
         else:
             object.__setattr__(self, "inputs", tuple(str(i) for i in self.inputs))
         object.__setattr__(self, "output", Path(self.output))
+
+    @property
+    def collection(self) -> Collection:
+        """How parquet rows and a --dataset's rows become items (`sources.Collection`)."""
+        return Collection(self.column, self.key_column, self.keep_columns, self.dataset, self.split)
 
     def check(self) -> None:
         """Every field's own check; ValueError naming the option (as the command line spells it)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +28,7 @@ from gemma_embed.modalities import ModalityStages, build_modality
 from gemma_embed.pooling import pool_rows
 from gemma_embed.progress import Reporter
 from gemma_embed.result import RunResult
-from gemma_embed.sources import Source, iter_sources, require_input, skipped_note
+from gemma_embed.sources import Source, count_sources, iter_sources, require_input, skipped_note
 
 # Decode the next window while a CPU encodes this one? Off: on the CPU they compete for the same cores
 # (bench/README.md has the measurements); on an accelerator the overlap is always on.
@@ -93,8 +93,9 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
         store.check_output_path(config.output, config.overwrite, config.resume)
         distributed.begin_slice(config.output, part)
     skipped: Counter = Counter()  # files the folder walk passes over, by extension
-    found = iter_sources(config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped)
-    found = require_input(found, config.inputs, config.modality, config.ext, skipped)  # before loading a model
+    found = require_input(  # before loading a model
+        _find(config, stdin, skipped), config.inputs, config.modality, config.ext, skipped, config.dataset
+    )
     result = RunResult()
     with stop_on_signals(immediate=True) as stop:
         try:
@@ -175,13 +176,21 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
     return result
 
 
+def _find(config: RunConfig, stdin=None, skipped: Counter | None = None) -> Iterator[Source]:
+    """The find stage: files, folders, stdin lists, tar shards, parquet files and a --dataset."""
+    return iter_sources(
+        config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped, config.collection
+    )
+
+
 def _count_in_background(config: RunConfig, part: distributed.Slice, reporter: Reporter) -> None:
-    """Give the progress bar its total (and an ETA) without delaying the first item: a second walk of the
-    inputs, in a daemon thread. Never for stdin, which can be read only once."""
+    """Give the progress bar its total (and an ETA) without delaying the first item: a second, cheap walk of
+    the inputs (tar headers, parquet footers), in a daemon thread. Never for stdin, which can be read only once."""
 
     def count() -> None:
-        total = sum(1 for _ in distributed.take(iter_sources(config.inputs, config.modality, ext=config.ext), part))
-        reporter.set_total(total)
+        total = count_sources(config.inputs, config.modality, config.ext, config.collection)
+        if total is not None:
+            reporter.set_total(len(range(part.index, total, part.count)))  # distributed.take: position % count
 
     threading.Thread(target=count, name="count-inputs", daemon=True).start()
 
@@ -271,8 +280,8 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> dic
     but encodes nothing."""
     reporter = reporter or Reporter.silent()
     skipped: Counter = Counter()
-    found = iter_sources(config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped)
-    sources = list(require_input(found, config.inputs, config.modality, config.ext, skipped))
+    found = _find(config, stdin, skipped)
+    sources = list(require_input(found, config.inputs, config.modality, config.ext, skipped, config.dataset))
     loaded = _load(config)
     engine = Engine(loaded.stages.tower, config.space, loaded.budget_spec, config.batch_size)
     lengths: list[int] = []

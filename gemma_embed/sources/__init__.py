@@ -1,104 +1,107 @@
-"""Find sources: paths, folders and stdin lists -> ordered, de-duplicated items with stable keys."""
+"""Find sources: everything the input names -> ordered, de-duplicated items with stable keys.
+
+Every kind of input yields the same `Source` (a key, a file path or the item's own bytes, a content hash for
+--resume, and what its collection says about it), so the decoders never know where bytes came from:
+
+- `files.py`: files as given, folders walked for the extensions the command's decoders read, lists of paths on
+  stdin, brace patterns (`shards/{00000..00999}.tar`);
+- `tar.py`: tar shards (webdataset's layout), streamed member by member: `SHARD:MEMBER`;
+- `table.py`: rows of `.parquet` files and of a Hugging Face dataset (`--dataset`), by `--column`: `FILE:ROW`.
+
+For the media commands a `.tar` file is read as a shard and a `.parquet` file as a table (folder walks take parquet
+files when `--column` is given); a `--dataset`'s rows come after the paths' items. Positions number the items in
+input order (they order the output and deal items to distributed slices).
+"""
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import os
-import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
 from gemma_embed.errors import UsageError
-from gemma_embed.media import file_facts
+from gemma_embed.sources import table, tar
+from gemma_embed.sources.base import MEDIA_MODALITIES, Collection, Source
+from gemma_embed.sources.files import (
+    expand_braces,
+    extensions,
+    find_files,
+    is_brace_pattern,
+    parse_extensions,
+    read_path_list,
+)
+
+__all__ = [
+    "Collection",
+    "Source",
+    "count_sources",
+    "expand_braces",
+    "extensions",
+    "iter_sources",
+    "no_input_message",
+    "parse_extensions",
+    "read_path_list",
+    "require_input",
+    "skipped_note",
+]
 
 
-@functools.cache
-def extensions(modality: str) -> frozenset[str]:
-    """The extensions a folder walk takes for a modality: what its decoders register here (Pillow for images;
-    FFmpeg's video containers for video; FFmpeg's audio formats, libsndfile's and the video containers, for
-    their soundtracks, for audio). Lower case, with the dot."""
-    if modality == "images":
-        from gemma_embed.media.image import extensions as found
-    elif modality == "video":
-        from gemma_embed.media.video import extensions as found
-    elif modality == "audio":
-        from gemma_embed.media.audio import extensions as found
-    else:
-        raise ValueError(f"no such modality: {modality}")
-    return frozenset(found())
+def _walked_collections(modality: str, collection: Collection) -> frozenset[str]:
+    """The suffixes a folder walk takes as collections of items for this command: tar shards, and parquet files
+    when --column says which column holds the media. Other commands (text) read every file as itself."""
+    if modality not in MEDIA_MODALITIES:
+        return frozenset()
+    return frozenset(tar.SUFFIXES + (table.SUFFIXES if collection.column else ()))
 
 
-def parse_extensions(text: str | Iterable[str] | None) -> tuple[str, ...] | None:
-    """ "jpg,PNG, .webp" -> (".jpg", ".png", ".webp"); None stays None (the modality's own set)."""
-    if text is None:
-        return None
-    parts = text.split(",") if isinstance(text, str) else list(text)
-    found = []
-    for part in parts:
-        ext = str(part).strip().lower()
-        if not ext:
+def _given_files(inputs: Iterable[str]) -> Iterator[Path]:
+    """The files named on the command line (not found by a walk or on stdin), brace patterns expanded."""
+    for given in inputs:
+        if given == "-":
             continue
-        ext = "." + ext.lstrip(".")
-        if ext == "." or "/" in ext or os.sep in ext:
-            raise ValueError(f"not a file extension: {part!r}")
-        if ext not in found:
-            found.append(ext)
-    if not found:
-        raise ValueError("give at least one extension, e.g. jpg,png")
-    return tuple(found)
+        for name in expand_braces(given) if is_brace_pattern(given) else (given,):
+            path = Path(name)
+            if path.is_file():
+                yield path
 
 
-@dataclass(frozen=True)
-class Source:
-    """One input item. `key` names it in the output; `path` is the file that holds it.
-
-    Most items are whole files, opened by path. An item that is part of something else (a line of a text file;
-    later a tar member or a parquet cell) carries its own bytes in `data`, and what the collection says about it
-    (a caption, sidecar JSON, kept columns) in `meta`, which joins the item's metadata. Decoders get `data` when
-    there is some, else `path`, and never know which kind of source it was.
-    """
-
-    key: str
-    path: str
-    error: str | None = None  # set when the path cannot be an item (missing); reported, not fatal
-    position: int = 0  # place in the whole input: orders the output and assigns distributed slices
-    data: bytes | None = None  # the item's own bytes, when it is not a whole file
-    meta: dict = field(default_factory=dict, compare=False, hash=False)
-
-    @property
-    def content(self) -> str | bytes:
-        """What a decoder opens: the item's bytes, or the path of the file that is the item."""
-        return self.data if self.data is not None else self.path
-
-    def facts(self) -> dict:
-        """Where the item is, its size and content hash (how --resume knows it), and a file's mtime."""
-        if self.data is None:
-            return {"path": self.path, **file_facts(self.path)}
-        return {"path": self.path, "bytes": len(self.data), "sha256": hashlib.sha256(self.data).hexdigest()}
-
-
-def read_path_list(stream: IO[bytes] | IO[str], null_separated: bool) -> list[str]:
-    data = stream.read()
-    if isinstance(data, bytes):
-        # Non-UTF-8 names must survive the round trip to os.open: decode like the OS does.
-        data = os.fsdecode(data)
-    sep = "\0" if null_separated else "\n"
-    return [p.rstrip("\r") if not null_separated else p for p in data.split(sep) if p.strip()]
-
-
-def _walk(folder: Path, extensions: Iterable[str], skipped: Counter | None) -> Iterator[Path]:
-    for root, dirs, files in os.walk(folder, followlinks=False):
-        dirs.sort()
-        for name in sorted(files):
-            suffix = Path(name).suffix.lower()
-            if suffix in extensions:
-                yield Path(root) / name
-            elif skipped is not None:
-                skipped[suffix or "(none)"] += 1
+def _items(
+    inputs: Iterable[str],
+    modality: str,
+    stdin: IO | None,
+    null_separated: bool,
+    ext: Iterable[str] | None,
+    skipped: Counter | None,
+    collection: Collection,
+    read: bool = True,
+) -> Iterator[Source]:
+    inputs = list(inputs)
+    wanted = frozenset(ext) if ext else extensions(modality)
+    media = modality in MEDIA_MODALITIES
+    # What would make the whole run wrong is a usage error before the first item (so before a model is loaded):
+    # a parquet file named on the command line that lacks the columns, a --dataset that cannot be opened.
+    if media and read:
+        for path in _given_files(inputs):
+            if table.is_table(path):
+                table.check_parquet(path, collection)
+    opened = table.open_dataset(collection) if collection.dataset and read else None
+    keys = table.Keys()
+    for found in find_files(inputs, wanted | _walked_collections(modality, collection), stdin, null_separated, skipped):
+        if found.error is None and media and tar.is_shard(found.path):
+            yield from tar.members(found.path, found.key, wanted, skipped, read=read)
+        elif found.error is None and media and table.is_table(found.path):
+            if read:
+                yield from table.parquet_rows(found.path, found.key, collection, keys)
+            else:
+                yield from (
+                    Source(found.key, str(found.path)) for _ in range(table.parquet_row_count(found.path, collection))
+                )
+        else:
+            yield Source(found.key, str(found.path), error=found.error)
+    if opened is not None:
+        yield from table.dataset_rows(opened, collection, keys)
 
 
 def iter_sources(
@@ -108,58 +111,59 @@ def iter_sources(
     null_separated: bool = False,
     ext: Iterable[str] | None = None,
     skipped: Counter | None = None,
+    collection: Collection | None = None,
 ) -> Iterator[Source]:
-    """Yield each item once, in input order; folders are walked recursively in sorted order.
+    """Yield each item once, in input order, numbered by `position`; folders are walked recursively in sorted
+    order.
 
     Keys: the path as given for files, the path relative to the folder for folder contents (prefixed with the
-    folder as given when that name is already taken). Folders are walked for `ext` (default: the modality's
-    `extensions`), whether given as arguments or listed on stdin; files named explicitly are taken whatever
-    their extension. Files a walk passes over are counted in `skipped` by extension. A path that cannot be an
-    item (missing, dangling link) is yielded with an error so the run reports it and goes on.
+    folder as given when that name is already taken); `SHARD:MEMBER` for tar members, `FILE:ROW` for parquet rows
+    (or the --key-column's value), `DATASET:SPLIT:ROW` for a dataset's. Folders are walked for `ext` (default: the
+    modality's `extensions`) and for the collections the command reads, whether given as arguments or listed on
+    stdin; files named explicitly are taken whatever their extension. Files (and shard members) passed over are
+    counted in `skipped` by extension. What cannot be an item (a missing path, a member or row that cannot be
+    read) is yielded with an error so the run reports it and goes on; a run that cannot start (a parquet file
+    given without the columns, a dataset that cannot be opened) raises UsageError before the first item.
     """
-    walked = frozenset(ext) if ext else extensions(modality)
-    seen_paths: set[str] = set()
-    seen_keys: set[str] = set()
+    items = _items(inputs, modality, stdin, null_separated, ext, skipped, collection or Collection())
+    for position, source in enumerate(items):
+        yield replace(source, position=position)
 
-    def expanded() -> Iterator[str]:
-        for given in inputs:
-            if given == "-":
-                stream = stdin if stdin is not None else sys.stdin.buffer
-                yield from read_path_list(stream, null_separated)
-            else:
-                yield given
 
-    def emit(key: str, path: Path, error: str | None = None) -> Iterator[Source]:
-        ident = os.path.realpath(path) if error is None else str(path)
-        if ident in seen_paths:
-            return
-        seen_paths.add(ident)
-        seen_keys.add(key)
-        yield Source(key=key, path=str(path), error=error, position=len(seen_paths) - 1)
-
-    for given in expanded():
-        path = Path(given)
-        if path.is_dir():
-            for file in _walk(path, walked, skipped):
-                rel = file.relative_to(path).as_posix()
-                key = rel if rel not in seen_keys else (path / rel).as_posix()
-                yield from emit(key, file)
-        elif path.exists():
-            yield from emit(given, path)
-        elif path.is_symlink():
-            yield from emit(given, path, "dangling symbolic link (its target does not exist)")
-        else:
-            yield from emit(given, path, "no such file or directory")
+def count_sources(
+    inputs: Iterable[str], modality: str, ext: Iterable[str] | None = None, collection: Collection | None = None
+) -> int | None:
+    """How many items `iter_sources` yields for these inputs, read cheaply (file names, tar headers, parquet
+    footers, a saved dataset's row count), for a progress total; None when it cannot be known without reading
+    everything (a streamed dataset) or the inputs cannot be read. Never stdin."""
+    collection = collection or Collection()
+    try:
+        total = sum(1 for _ in _items(inputs, modality, None, False, ext, None, collection, read=False))
+        if collection.dataset:
+            if not Path(collection.dataset).expanduser().exists():
+                return None  # a hub dataset: counting it would ask the network again
+            opened = table.open_dataset(collection)
+            if opened.num_rows is None:
+                return None
+            total += opened.num_rows
+    except Exception:  # noqa: BLE001 - a progress total is never worth a failure
+        return None
+    return total
 
 
 def require_input(
-    sources: Iterator[Source], inputs: Iterable[str], modality: str, ext: Iterable[str] | None, skipped: Counter
+    sources: Iterator[Source],
+    inputs: Iterable[str],
+    modality: str,
+    ext: Iterable[str] | None,
+    skipped: Counter,
+    dataset: str | None = None,
 ) -> Iterator[Source]:
     """The same sources, lazily; UsageError before the first if there is none at all (a wrong folder or the
     wrong command: `gemma-embed images videos/` must not succeed with an empty output)."""
     first = next(sources, None)
     if first is None:
-        raise UsageError(no_input_message(inputs, modality, ext, skipped))
+        raise UsageError(no_input_message(inputs, modality, ext, skipped, dataset))
 
     def chained() -> Iterator[Source]:
         yield first
@@ -168,12 +172,19 @@ def require_input(
     return chained()
 
 
-def no_input_message(inputs: Iterable[str], modality: str, ext: Iterable[str] | None, skipped: Counter) -> str:
+def no_input_message(
+    inputs: Iterable[str], modality: str, ext: Iterable[str] | None, skipped: Counter, dataset: str | None = None
+) -> str:
     """One line: where it looked, for what, and what it passed over."""
+    inputs = list(inputs)
+    if not inputs and not dataset:
+        return "nothing to embed: give files, folders, tar shards or - (a list on stdin), or --dataset NAME"
     given = [i for i in inputs if i != "-"]
     where = ", ".join(given[:3]) + (f" and {len(given) - 3} more" if len(given) > 3 else "")
     if "-" in inputs:
         where = (where + " and " if where else "") + "the list on stdin"
+    if dataset:
+        where = (where + " and " if where else "") + f"the dataset {dataset}"
     wanted = sorted(ext) if ext else sorted(extensions(modality))
     shown = " ".join(wanted[:12]) + (f" ... ({len(wanted)} extensions, see README)" if len(wanted) > 12 else "")
     noun = {"images": "image"}.get(str(modality), str(modality))
@@ -186,7 +197,7 @@ def no_input_message(inputs: Iterable[str], modality: str, ext: Iterable[str] | 
 
 
 def skipped_note(modality: str, skipped: Counter) -> str | None:
-    """A note for the end of a run: the files the walk passed over, by extension."""
+    """A note for the end of a run: the files the walk (or a tar shard's members) passed over, by extension."""
     if not skipped:
         return None
     kinds = ", ".join(f"{e} x{n}" for e, n in skipped.most_common(5))
