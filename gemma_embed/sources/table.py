@@ -33,10 +33,11 @@ from gemma_embed.sources.base import Collection, Source
 
 SUFFIXES = (".parquet",)
 BATCH_ROWS = 16  # rows converted at a time: a batch of 16 large images is tens of MB at most
-# Metadata fields the tool writes itself (file facts, collection fields, what the decoders and preparers record):
-# a kept column of one of these names would overwrite it or be overwritten, so it is refused.
+# Metadata fields the tool writes for a table's items (file facts, row and name, what the decoders and preparers
+# record): a kept column of one of these names would overwrite one or be overwritten, so it is refused. (A tar
+# member's `caption` and `json` never meet kept columns: a caption column keeps its name.)
 RESERVED = frozenset(
-    {"path", "bytes", "mtime", "sha256", "rows", "row", "name", "member", "caption", "json", "warnings"}
+    {"path", "bytes", "mtime", "sha256", "rows", "row", "name", "warnings"}
     | {"image_format", "mode", "frames_in_file", "width", "height", "max_soft_tokens", "patches"}
     | {"resized_width", "resized_height", "frames", "frame_indices", "timestamps", "fps", "duration_s"}
     | {"total_frames", "rotation", "codec", "rows_per_frame", "sample_rate", "channels", "decoder"}
