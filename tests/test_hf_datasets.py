@@ -13,9 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from collection_helpers import IMAGES, MODEL, OPTIONS, assert_same_rows, caption, image_files
-from helpers import EXE, ROOT, run_images
+from helpers import ROOT, run_images
+from typer.testing import CliRunner
 
 import gemma_embed
+from gemma_embed.cli import app
 from gemma_embed.errors import UsageError
 
 NAMES = list(IMAGES)
@@ -154,14 +156,13 @@ def test_a_hub_dataset_that_cannot_be_reached_is_one_line(tmp_path):
         "error: --dataset someone/not-in-the-cache: not in the local cache and HF_HUB_OFFLINE is set; download it "
         "where there is a network (load_dataset) and run with HF_HUB_OFFLINE=1, or pass a saved dataset's folder"
     ]
-    missing = _cli("images", "--dataset", "./nope", "--column", "image", "--model", MODEL)
-    assert missing.returncode == 2
-    assert missing.stderr.splitlines() == ["error: --dataset ./nope: no such folder (and not a hub id)"]
+    with pytest.raises(UsageError, match=r"^--dataset ./nope: no such folder \(and not a hub id\)$"):
+        run_images([], MODEL, tmp_path / "o.safetensors", dataset="./nope", column="image")
 
 
 def test_no_paths_and_no_dataset_is_a_usage_error():
-    proc = subprocess.run([EXE, "images"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert proc.stderr.splitlines() == [
+    result = CliRunner().invoke(app, ["images"])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
         "error: give PATH... (files, folders, tar shards, parquet files, - for a list on stdin) or --dataset NAME"
     ]
