@@ -29,12 +29,13 @@ archive appended, as `cat a.tar b.tar` makes) is read too.
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import tarfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from gemma_embed.media import MediaBytes
 from gemma_embed.sources.base import Source
@@ -102,7 +103,7 @@ def members(
                 continue
             seen.add(member.name)
             if _wanted(member.name, wanted) or member.error is not None:
-                data = MediaBytes(member.data, PurePosixPath(member.name).name) if member.data is not None else None
+                data = MediaBytes(member.data, posixpath.basename(member.name)) if member.data is not None else None
                 yield Source(
                     f"{shard_key}:{member.name}",
                     str(path),
@@ -111,7 +112,7 @@ def members(
                     meta={"member": member.name, **meta} if member.error is None else {},
                 )
             elif not (takes and sample_key(member.name)[1].lower() in SIDECARS) and skipped is not None:
-                skipped[PurePosixPath(member.name).suffix.lower() or "(none)"] += 1
+                skipped[_suffix(member.name) or "(none)"] += 1
         sample.members.clear()
         sample.size = 0
 
@@ -129,8 +130,12 @@ def members(
     yield from flush()
 
 
+def _suffix(name: str) -> str:
+    return posixpath.splitext(name)[1].lower()
+
+
 def _wanted(name: str, wanted: frozenset[str]) -> bool:
-    return PurePosixPath(name).suffix.lower() in wanted
+    return _suffix(name) in wanted
 
 
 def _sidecar_meta(sample: list[_Member]) -> dict:
