@@ -60,12 +60,18 @@ class _Command(typer.core.TyperCommand):
 PATHS_HELP = {
     "text": "Text files (an item per line), folders (walked for .txt .text .md) or - for lines on stdin.",
 }
+NO_INPUT = "give PATH... (files, folders, tar shards, parquet files, - for a list on stdin) or --dataset NAME"
 
 
 def _paths(command: str) -> inspect.Parameter:
-    help_text = PATHS_HELP.get(command, "Files, folders (walked) or - for a list of paths on stdin.")
+    """The PATH argument: required for text; for media optional, since --dataset can be the input instead."""
+    help_text = PATHS_HELP.get(command, "Files, folders, .tar shards, .parquet or - (list on stdin).")
     argument = typer.Argument(help=help_text, show_default=False, metavar="PATH")
-    return inspect.Parameter("paths", inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[list[str], argument])
+    if command in PATHS_HELP:
+        return inspect.Parameter("paths", inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[list[str], argument])
+    return inspect.Parameter(
+        "paths", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[list[str] | None, argument]
+    )
 
 
 def _callback(spec):
@@ -124,7 +130,7 @@ def _parameters(command: str) -> list[inspect.Parameter]:
 def config_from(modality: str, options: dict) -> RunConfig:
     """The RunConfig for a command's parsed options (each option's parser applied)."""
     fields = {f.name: f for f in dataclasses.fields(RunConfig)}
-    values = {"modality": modality, "inputs": tuple(options.pop("paths"))}
+    values = {"modality": modality, "inputs": tuple(options.pop("paths") or ())}
     for name in [n for n in options if ALIAS in n]:  # an old option name given: it sets its field
         value = options.pop(name)
         if value is not None:
@@ -154,11 +160,17 @@ def exit_code(result) -> int:
     return 1 if result.failed else 0
 
 
+def _require_input(config: RunConfig) -> None:
+    if not config.inputs and config.dataset is None:
+        raise _fail(NO_INPUT, 2)
+
+
 def _embed(config: RunConfig) -> None:
     from gemma_embed.hostmem import pin_mmap_threshold
     from gemma_embed.pipeline import run
     from gemma_embed.progress import Reporter
 
+    _require_input(config)
     pin_mmap_threshold()  # keeps peak memory flat over long runs (see hostmem.py)
     reporter = Reporter(quiet=config.quiet, jsonl=config.jsonl, debug=config.debug)
     try:
@@ -202,6 +214,7 @@ def plan(**options) -> None:
 
     modality = options.pop("modality")
     config = config_from(modality, options)
+    _require_input(config)
     try:
         make_plan(config, Reporter(quiet=config.quiet))
     except UsageError as exc:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from gemma_embed.memory import parse_budget
-from gemma_embed.sources import parse_extensions
+from gemma_embed.sources import Collection, parse_extensions
+from gemma_embed.sources.table import parse_columns
 
 DEFAULT_MODEL = "google/gemma-4-e2b-it"
 IMAGE_SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
@@ -203,7 +204,7 @@ class RunConfig:
         metavar="EXT,...",
     )
     null_separated: bool = option(
-        False, "NUL-separated paths on stdin (find -print0).", commands=EMBED + PLAN, long="--null", flags=("-0",)
+        False, "NUL-separated paths on stdin (find -print0).", commands=MEDIA + PLAN, long="--null", flags=("-0",)
     )
     max_soft_tokens: int | None = option(
         None,
@@ -234,6 +235,20 @@ class RunConfig:
         check=audio_window,
         metavar="S",
     )
+    column: str | None = option(None, "Parquet/--dataset column of the media.", commands=MEDIA + PLAN, metavar="NAME")
+    key_column: str | None = option(
+        None, "Column of item keys (default: FILE:ROW).", commands=MEDIA + PLAN, metavar="NAME"
+    )
+    keep_columns: tuple[str, ...] = option(
+        (),
+        "Columns kept in item metadata.",
+        commands=MEDIA + PLAN,
+        cli_type=str,
+        parse=parse_columns,
+        metavar="A,B",
+    )
+    dataset: str | None = option(None, "Hugging Face dataset: hub id or folder.", commands=MEDIA + PLAN, metavar="NAME")
+    split: str | None = option(None, "The dataset's split (default: train).", commands=MEDIA + PLAN, metavar="SPLIT")
     # Model -----------------------------------------------------------------------------------------------
     model: str = option(
         DEFAULT_MODEL,
@@ -376,11 +391,18 @@ class RunConfig:
                     raise ValueError(f"{f.name}={value!r}: choose one of {choices}") from None
         if self.ext is not None and not (isinstance(self.ext, tuple) and all(e.startswith(".") for e in self.ext)):
             object.__setattr__(self, "ext", parse_extensions(self.ext))
+        if not isinstance(self.keep_columns, tuple) or not all(isinstance(c, str) for c in self.keep_columns):
+            object.__setattr__(self, "keep_columns", parse_columns(self.keep_columns))
         if isinstance(self.inputs, (str, Path)):
             object.__setattr__(self, "inputs", (str(self.inputs),))
         else:
             object.__setattr__(self, "inputs", tuple(str(i) for i in self.inputs))
         object.__setattr__(self, "output", Path(self.output))
+
+    @property
+    def collection(self) -> Collection:
+        """How parquet rows and a --dataset's rows become items (`sources.Collection`)."""
+        return Collection(self.column, self.key_column, self.keep_columns, self.dataset, self.split)
 
     def check(self) -> None:
         """Every field's own check; ValueError naming the option (as the command line spells it)."""

@@ -67,9 +67,12 @@ def _decode_and_prepare(modality, source: Source, lookup: Lookup | None) -> Prep
 
 
 def prepared_nbytes(prepared: Prepared) -> int:
+    """Host memory the item holds in a window: its prepared tensors, and its own bytes when it is not a whole
+    file (a tar member or a parquet cell, held by its Source until the window is done)."""
+    held = len(prepared.source.data) if prepared.source.data is not None else 0
     if prepared.item is None:
-        return 0
-    return sum(t.nbytes for u in prepared.item.units for t in u.inputs.values() if hasattr(t, "nbytes"))
+        return held
+    return held + sum(t.nbytes for u in prepared.item.units for t in u.inputs.values() if hasattr(t, "nbytes"))
 
 
 def prepared_stream(

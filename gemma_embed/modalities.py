@@ -114,7 +114,7 @@ def _embeddinggemma2(config: RunConfig, checkpoint, device, dtype) -> ModalitySt
     )
     tower, window = None, None
     if kind == "text":
-        from gemma_embed.text_items import decode_text as decode
+        from gemma_embed.sources.text import decode_text as decode
     elif kind == "image":
         from gemma_embed.media.image import decode_image as decode
         from gemma_embed.models.gemma4 import Gemma4VisionTower

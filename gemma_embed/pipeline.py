@@ -28,8 +28,8 @@ from gemma_embed.modalities import ModalityStages, build_modality
 from gemma_embed.pooling import pool_rows
 from gemma_embed.progress import Reporter
 from gemma_embed.result import RunResult
-from gemma_embed.sources import Source, iter_sources, require_input, skipped_note
-from gemma_embed.text_items import iter_text_sources
+from gemma_embed.sources import Source, count_sources, iter_sources, require_input, skipped_note
+from gemma_embed.sources.text import iter_text_sources
 
 # Decode the next window while a CPU encodes this one? Off: on the CPU they compete for the same cores
 # (bench/README.md has the measurements); on an accelerator the overlap is always on.
@@ -137,7 +137,9 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
         store.check_output_path(config.output, config.overwrite, config.resume)
         distributed.begin_slice(config.output, part)
     skipped: Counter = Counter()  # files the folder walk passes over, by extension
-    found = require_input(_find(config, stdin, skipped), config.inputs, config.modality, config.ext, skipped)
+    found = require_input(  # before loading a model
+        _find(config, stdin, skipped), config.inputs, config.modality, config.ext, skipped, config.dataset
+    )
     result = RunResult()
     with stop_on_signals(immediate=True) as stop:
         try:
@@ -212,12 +214,16 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
 
 
 def _count_in_background(config: RunConfig, part: distributed.Slice, reporter: Reporter) -> None:
-    """Give the progress bar its total (and an ETA) without delaying the first item: a second walk of the
-    inputs, in a daemon thread. Never for stdin, which can be read only once."""
+    """Give the progress bar its total (and an ETA) without delaying the first item: a second, cheap walk of
+    the inputs (tar headers, parquet footers), in a daemon thread. Never for stdin, which can be read only once."""
 
     def count() -> None:
-        total = sum(1 for _ in distributed.take(_find(config), part))
-        reporter.set_total(total)
+        if config.modality == "text":  # lines: read the files once more
+            total = sum(1 for _ in distributed.take(_find(config), part))
+        else:
+            total = count_sources(config.inputs, config.modality, config.ext, config.collection)
+        if total is not None:
+            reporter.set_total(total if config.modality == "text" else len(range(part.index, total, part.count)))
 
     threading.Thread(target=count, name="count-inputs", daemon=True).start()
 
@@ -339,7 +345,8 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> dic
     but encodes nothing."""
     reporter = reporter or Reporter.silent()
     skipped: Counter = Counter()
-    sources = list(require_input(_find(config, stdin, skipped), config.inputs, config.modality, config.ext, skipped))
+    found = _find(config, stdin, skipped)
+    sources = list(require_input(found, config.inputs, config.modality, config.ext, skipped, config.dataset))
     loaded = _load(config)
     encoders = Encoders.build(config, loaded)
     lengths: dict[Engine, list[int]] = {engine: [] for engine in encoders.engines}
@@ -388,7 +395,10 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> dic
 
 
 def _find(config: RunConfig, stdin=None, skipped: Counter | None = None) -> Iterator[Source]:
-    """The find stage: files, folders and stdin lists; for text, the lines of files (or stdin) or whole files."""
+    """The find stage: files, folders, stdin lists, tar shards, parquet files and a --dataset; for text, the
+    lines of files (or stdin), or whole files."""
     if config.modality == "text":
         return iter_text_sources(config.inputs, stdin, config.per_file, config.ext, skipped)
-    return iter_sources(config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped)
+    return iter_sources(
+        config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped, config.collection
+    )

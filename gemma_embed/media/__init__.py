@@ -1,8 +1,14 @@
-"""Decode stage: file -> decoded media, plus the facts about the file that go into the output metadata."""
+"""Decode stage: file -> decoded media, plus the facts about the file that go into the output metadata.
+
+Decoders take what `Source.content` gives them: a path (a whole file), or the item's own bytes (a tar member, a
+parquet cell, a dataset row). Bytes from a collection come as `MediaBytes`, which carries the name the item has
+there (a member's name, a cell's file name), so a decoder that routes by extension does so as for a file.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import stat
 
@@ -43,3 +49,35 @@ def ffmpeg_extensions(formats: tuple[str, ...], leave_out: frozenset[str] = froz
             except ValueError:
                 pass  # no muxer (or no demuxer) of that name
     return found - leave_out
+
+
+class MediaBytes(bytes):
+    """An item's bytes and the name it has in its collection ("" when it has none, as in a bare bytes column).
+
+    A `bytes` like any other (hashing, slicing, `len`); the name only tells a decoder which extension to route
+    by, as a path's would."""
+
+    name: str
+
+    def __new__(cls, data: bytes, name: str = "") -> MediaBytes:
+        self = super().__new__(cls, data)
+        self.name = name
+        return self
+
+
+def as_file(content: str | bytes) -> str | io.BytesIO:
+    """What a library's open() takes: the path itself, or a file object over the bytes (Pillow, PyAV and
+    soundfile read both). The file object bears the bytes' name: FFmpeg's probe weighs the name's extension, as it
+    does a path's (a headerless .raw member probes as FFmpeg probes a .raw file)."""
+    if not isinstance(content, (bytes, bytearray)):
+        return content
+    file = io.BytesIO(content)
+    if getattr(content, "name", ""):
+        file.name = content.name
+    return file
+
+
+def content_extension(content: str | bytes) -> str:
+    """The lower-case extension a decoder routes by: the path's, or the name's of an item's bytes ("" if none)."""
+    name = content if isinstance(content, str) else getattr(content, "name", "")
+    return os.path.splitext(name)[1].lower()

@@ -3,7 +3,9 @@
 soundfile (libsndfile) reads wav, flac, ogg and aiff exactly and fast; everything else (mp3, m4a/aac, opus, wma,
 the audio track of a video file, ...) and any file soundfile does not recognise goes through PyAV (FFmpeg). mp3
 goes to PyAV although libsndfile can read it: its mpg123 decoder prints notes straight to the process's stderr
-on a damaged file, which would break the one-line error contract. Both are read in
+on a damaged file, which would break the one-line error contract. An item's bytes (a tar member, a parquet cell)
+route by the extension of the name they carry, as a file does; bytes with no name route by what libsndfile makes
+of their header (its formats, but MPEG, go to soundfile). Both are read in
 blocks: each block is downmixed to mono (the mean of the channels) and fed to one FFmpeg resampler
 (libswresample, via PyAV), so memory holds the output at the model's rate, never the whole source.
 """
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gemma_embed.media import OPEN_TIMEOUT_S, ffmpeg_extensions
+from gemma_embed.media import OPEN_TIMEOUT_S, as_file, content_extension, ffmpeg_extensions
 
 BLOCK_FRAMES = 1 << 16  # source frames per block read from soundfile
 # FFmpeg's audio formats (PyAV names) whose extensions are walked for audio, beside the video containers (for
@@ -126,20 +128,25 @@ class MonoResampler:
 # ------------------------------------------------------------------------------------------ soundfile
 
 
-def _soundfile_info(path: str):
-    """The file's soundfile info, or None when libsndfile does not recognise the format."""
+def _soundfile_source(content: str | bytes):
+    """What soundfile opens: the file name as bytes (names that are not UTF-8 open too), or a file object."""
+    return os.fsencode(content) if isinstance(content, str) else as_file(content)
+
+
+def _soundfile_info(content: str | bytes):
+    """The content's soundfile info, or None when libsndfile does not recognise the format."""
     import soundfile as sf
 
     try:
-        return sf.info(os.fsencode(path))  # bytes: file names that are not UTF-8 open too
+        return sf.info(_soundfile_source(content))
     except (sf.LibsndfileError, RuntimeError, TypeError):
         return None
 
 
-def _soundfile_blocks(path: str) -> Iterator[np.ndarray]:
+def _soundfile_blocks(content: str | bytes) -> Iterator[np.ndarray]:
     import soundfile as sf
 
-    with sf.SoundFile(os.fsencode(path)) as fh:
+    with sf.SoundFile(_soundfile_source(content)) as fh:
         while True:
             block = fh.read(BLOCK_FRAMES, dtype="float32", always_2d=True)
             if block.shape[0] == 0:
@@ -147,12 +154,12 @@ def _soundfile_blocks(path: str) -> Iterator[np.ndarray]:
             yield block.T
 
 
-def _decode_with_soundfile(path: str, info, target_rate: int) -> DecodedAudio:
+def _decode_with_soundfile(content: str | bytes, info, target_rate: int) -> DecodedAudio:
     import soundfile as sf
 
     resampler = MonoResampler(info.samplerate, target_rate)
     try:
-        for block in _soundfile_blocks(path):
+        for block in _soundfile_blocks(content):
             resampler.add(block)
     except (sf.LibsndfileError, RuntimeError) as exc:
         # libsndfile knew the format from the header, so a failure past it means the data itself is bad.
@@ -166,12 +173,12 @@ def _decode_with_soundfile(path: str, info, target_rate: int) -> DecodedAudio:
 # ------------------------------------------------------------------------------------------ PyAV
 
 
-def _decode_with_pyav(path: str, target_rate: int) -> DecodedAudio:
+def _decode_with_pyav(content: str | bytes, target_rate: int) -> DecodedAudio:
     import av
 
     try:
         # Tags that are not UTF-8 (Latin-1 titles from old muxers) would abort the open; replace the bad bytes.
-        container = av.open(path, timeout=OPEN_TIMEOUT_S, metadata_errors="replace")
+        container = av.open(as_file(content), timeout=OPEN_TIMEOUT_S, metadata_errors="replace")
     except av.FFmpegError:
         raise AudioDecodeError("not a recognised audio format") from None
     with container:
@@ -227,20 +234,33 @@ def _planar_float(frame) -> np.ndarray:
 # ------------------------------------------------------------------------------------------ entry point
 
 
-def decode_audio(path: str, sample_rate: int = 16_000) -> DecodedAudio:
-    """Mono float32 samples at `sample_rate`; AudioDecodeError with a one-line reason otherwise."""
-    if os.path.isdir(path):
-        raise AudioDecodeError("is a directory, not an audio file")
-    if os.path.getsize(path) == 0:
-        raise AudioDecodeError("empty file (0 bytes)")
-    info = _soundfile_info(path) if os.path.splitext(path)[1].lower() in _soundfile_extensions() else None
-    decoded = _decode_with_soundfile(path, info, sample_rate) if info else _decode_with_pyav(path, sample_rate)
+def decode_audio(content: str | bytes, sample_rate: int = 16_000) -> DecodedAudio:
+    """Mono float32 samples at `sample_rate` from an audio file (a path) or its bytes; AudioDecodeError with a
+    one-line reason otherwise."""
+    if isinstance(content, str):
+        if os.path.isdir(content):
+            raise AudioDecodeError("is a directory, not an audio file")
+        if os.path.getsize(content) == 0:
+            raise AudioDecodeError("empty file (0 bytes)")
+    elif len(content) == 0:
+        raise AudioDecodeError("empty (0 bytes)")
+    info = _soundfile_info(content) if _for_soundfile(content) else None
+    if info is not None and not isinstance(content, str) and not content_extension(content):
+        info = None if info.format in ("MP3", "MPEG") else info  # nameless mp3 goes to PyAV, as an .mp3 file does
+    decoded = _decode_with_soundfile(content, info, sample_rate) if info else _decode_with_pyav(content, sample_rate)
     if decoded.samples.size == 0 and decoded.source_samples <= 0:
         raise AudioDecodeError("no audio samples (zero-length audio)")
     # A few samples may resample to none; the preparer says how many one feature frame needs.
     if not np.isfinite(decoded.samples).all():
         raise AudioDecodeError("audio contains NaN or infinite samples")
     return decoded
+
+
+def _for_soundfile(content: str | bytes) -> bool:
+    """Whether soundfile is tried first: by the extension of the path or of the bytes' name; bytes without a name
+    always (their header decides)."""
+    ext = content_extension(content)
+    return ext in _soundfile_extensions() or (not ext and not isinstance(content, str))
 
 
 @functools.cache

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from gemma_embed import capture
-from gemma_embed.media import MAX_PIXELS
+from gemma_embed.media import MAX_PIXELS, as_file
 
 # Pillow's own default. Checked on the header, before any pixel is decoded.
 MAX_PIXELS = Image.MAX_IMAGE_PIXELS or MAX_PIXELS
@@ -58,11 +58,12 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return Image.fromarray(convert_to_rgb(image, return_numpy=True), "RGB")
 
 
-def decode_image(path: str, max_pixels: int = MAX_PIXELS) -> DecodedImage:
-    """The upright first frame as RGB, converted as transformers converts; ImageDecodeError with a one-line
-    reason otherwise."""
+def decode_image(content: str | bytes, max_pixels: int = MAX_PIXELS) -> DecodedImage:
+    """The upright first frame of an image file (a path) or of an image's bytes, as RGB, converted as transformers
+    converts; ImageDecodeError with a one-line reason otherwise. Pillow tells formats by their content, so bytes
+    need no name."""
     try:
-        with Image.open(path) as img:
+        with Image.open(as_file(content)) as img:
             width, height = img.size
             if width * height > max_pixels:
                 raise ImageDecodeError(

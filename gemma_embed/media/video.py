@@ -12,7 +12,8 @@ How a file is read:
    frames to pay for the seek; a frame table that disagrees with the decoder falls back to counting frames.
 4. Rotation metadata (the display matrix) is applied, as players do.
 
-Every failure raises VideoDecodeError with a one-line reason; a wall-clock limit bounds each file.
+Every failure raises VideoDecodeError with a one-line reason; a wall-clock limit bounds each file. A video's bytes
+(a tar member, a parquet cell) are read like a file: FFmpeg tells the container by its content.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from gemma_embed.media import MAX_PIXELS, OPEN_TIMEOUT_S, ffmpeg_extensions
+from gemma_embed.media import MAX_PIXELS, OPEN_TIMEOUT_S, as_file, ffmpeg_extensions
 
 # Seconds one file may spend in probing + decoding before it is given up (pathological or huge files).
 DECODE_TIME_LIMIT_S = 300.0
@@ -191,12 +192,12 @@ class _Deadline:
             raise VideoDecodeError(f"decoding took longer than the {self.limit_s:g} s limit; file skipped")
 
 
-def _open(path: str):
+def _open(content: str | bytes):
     import av
 
     try:
         # Tags that are not UTF-8 (Latin-1 titles from old muxers) would abort the open; replace the bad bytes.
-        return av.open(path, timeout=OPEN_TIMEOUT_S, metadata_errors="replace")
+        return av.open(as_file(content), timeout=OPEN_TIMEOUT_S, metadata_errors="replace")
     except av.error.InvalidDataError:
         raise VideoDecodeError("not a readable video: invalid data (truncated, or not a media file)") from None
     except av.error.FFmpegError as exc:
@@ -363,7 +364,7 @@ def _decode_by_table(
 
 
 def _decode_by_count(
-    path: str, wanted: list[int], deadline: _Deadline
+    content: str | bytes, wanted: list[int], deadline: _Deadline
 ) -> tuple[dict[int, np.ndarray], int, dict[int, float | None], int]:
     """Frames at the wanted indices counted in output order from the start; their own timestamps."""
     import av
@@ -374,7 +375,7 @@ def _decode_by_count(
     rotation = 0
     first_time = None
     index = -1
-    with _open(path) as container:
+    with _open(content) as container:
         stream = _video_stream(container)
         try:
             for index, frame in enumerate(container.decode(stream)):
@@ -407,14 +408,14 @@ def upright(frames: np.ndarray, rotation: int) -> np.ndarray:
     return np.ascontiguousarray(np.rot90(frames, k=quarter_turns, axes=(1, 2)))
 
 
-def _decode_wanted(path: str, table: FrameTable, wanted: list[int], deadline: _Deadline):
+def _decode_wanted(content: str | bytes, table: FrameTable, wanted: list[int], deadline: _Deadline):
     """(frames by index, rotation, times by index, seeks, frames decoded): by the frame table where it holds,
     else by counting frames from the start."""
     import av
 
     if table.pts is not None:
         try:
-            with _open(path) as container:
+            with _open(content) as container:
                 frames, rotation, seeks, decoded = _decode_by_table(
                     container, _video_stream(container), table, wanted, deadline
                 )
@@ -424,34 +425,38 @@ def _decode_wanted(path: str, table: FrameTable, wanted: list[int], deadline: _D
             pass
         except av.error.FFmpegError as exc:
             raise VideoDecodeError(f"corrupt video stream: {exc.strerror or exc}") from None
-    frames, rotation, times, decoded = _decode_by_count(path, wanted, deadline)
+    frames, rotation, times, decoded = _decode_by_count(content, wanted, deadline)
     return frames, rotation, times, 0, decoded
 
 
-def decode_frame(path: str, index: int, time_limit_s: float = DECODE_TIME_LIMIT_S) -> np.ndarray:
+def decode_frame(content: str | bytes, index: int, time_limit_s: float = DECODE_TIME_LIMIT_S) -> np.ndarray:
     """One frame, upright, by its presentation-order index (as DecodedVideo.frame_indices lists them): what a
     search result page shows for a video hit."""
-    if os.path.isdir(path) or not os.path.isfile(path):
+    if isinstance(content, str) and (os.path.isdir(content) or not os.path.isfile(content)):
         raise VideoDecodeError("not a file")
     deadline = _Deadline(time_limit_s)
-    with _open(path) as container:
+    with _open(content) as container:
         table = probe(container, _video_stream(container), deadline)
     if not 0 <= index < table.packets:
         raise VideoDecodeError(f"no frame {index} (the stream has {table.packets})")
-    frames, rotation, _, _, _ = _decode_wanted(path, table, [int(index)], deadline)
+    frames, rotation, _, _, _ = _decode_wanted(content, table, [int(index)], deadline)
     return upright(frames[int(index)][None], rotation)[0]
 
 
 def decode_video(
-    path: str, policy: FramePolicy = FramePolicy(), time_limit_s: float = DECODE_TIME_LIMIT_S
+    content: str | bytes, policy: FramePolicy = FramePolicy(), time_limit_s: float = DECODE_TIME_LIMIT_S
 ) -> DecodedVideo:
-    """Sample and decode a video's frames per `policy`; raise VideoDecodeError with a one-line reason."""
-    if os.path.isdir(path):
-        raise VideoDecodeError("is a directory, not a video file")
-    if os.path.getsize(path) == 0:
-        raise VideoDecodeError("empty file")
+    """Sample and decode the frames of a video file (a path) or of a video's bytes per `policy`; raise
+    VideoDecodeError with a one-line reason."""
+    if isinstance(content, str):
+        if os.path.isdir(content):
+            raise VideoDecodeError("is a directory, not a video file")
+        if os.path.getsize(content) == 0:
+            raise VideoDecodeError("empty file")
+    elif len(content) == 0:
+        raise VideoDecodeError("empty (0 bytes)")
     deadline = _Deadline(time_limit_s)
-    with _open(path) as container:
+    with _open(content) as container:
         stream = _video_stream(container)
         table = probe(container, stream, deadline)
         codec = stream.codec_context.name
@@ -467,7 +472,7 @@ def decode_video(
             f"{len(wanted)} frames of {width}x{height} exceed {MAX_DECODED_BYTES >> 30} GiB; "
             f"sample fewer (--max-frames)"
         )
-    frames, rotation, times, seeks, decoded = _decode_wanted(path, table, wanted, deadline)
+    frames, rotation, times, seeks, decoded = _decode_wanted(content, table, wanted, deadline)
     try:
         stacked = np.stack([frames[i] for i in wanted])
     except ValueError:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import IO
 
-from gemma_embed.sources import Source, iter_sources
+from gemma_embed.sources.base import Source
 
 # What a folder walk takes for the text command (files named explicitly are taken whatever their extension).
 TEXT_EXTENSIONS = frozenset({".txt", ".text", ".md"})
@@ -36,6 +36,8 @@ def iter_text_sources(
     skipped: Counter | None = None,
 ) -> Iterator[Source]:
     """Text items in input order, lazily: files and walked folders through `iter_sources`, `-` as lines."""
+    from gemma_embed.sources import iter_sources  # the package's entry point, which imports this module's peers
+
     walked = tuple(ext) if ext else tuple(sorted(TEXT_EXTENSIONS))
     position = 0
 

@@ -1,0 +1,209 @@
+"""Find sources: everything the input names -> ordered, de-duplicated items with stable keys.
+
+Every kind of input yields the same `Source` (a key, a file path or the item's own bytes, a content hash for
+--resume, and what its collection says about it), so the decoders never know where bytes came from:
+
+- `files.py`: files as given, folders walked for the extensions the command's decoders read, lists of paths on
+  stdin, brace patterns (`shards/{00000..00999}.tar`);
+- `tar.py`: tar shards (webdataset's layout), streamed member by member: `SHARD:MEMBER`;
+- `table.py`: rows of `.parquet` files and of a Hugging Face dataset (`--dataset`), by `--column`: `FILE:ROW`.
+
+For the media commands a `.tar` file is read as a shard and a `.parquet` file as a table (folder walks take parquet
+files when `--column` is given); a `--dataset`'s rows come after the paths' items. Positions number the items in
+input order (they order the output and deal items to distributed slices).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import IO
+
+from gemma_embed.errors import UsageError
+from gemma_embed.sources import table, tar
+from gemma_embed.sources.base import MEDIA_MODALITIES, Collection, Source
+from gemma_embed.sources.files import (
+    expand_braces,
+    extensions,
+    find_files,
+    is_brace_pattern,
+    parse_extensions,
+    read_path_list,
+)
+
+__all__ = [
+    "Collection",
+    "Source",
+    "count_sources",
+    "expand_braces",
+    "extensions",
+    "iter_sources",
+    "no_input_message",
+    "parse_extensions",
+    "read_path_list",
+    "require_input",
+    "skipped_note",
+]
+
+
+def _walked_collections(modality: str, collection: Collection) -> frozenset[str]:
+    """The suffixes a folder walk takes as collections of items for this command: tar shards, and parquet files
+    when --column says which column holds the media. Other commands (text) read every file as itself."""
+    if modality not in MEDIA_MODALITIES:
+        return frozenset()
+    return frozenset(tar.SUFFIXES + (table.SUFFIXES if collection.column else ()))
+
+
+def _given_files(inputs: Iterable[str]) -> Iterator[Path]:
+    """The files named on the command line (not found by a walk or on stdin), brace patterns expanded."""
+    for given in inputs:
+        if given == "-":
+            continue
+        for name in expand_braces(given) if is_brace_pattern(given) else (given,):
+            path = Path(name)
+            if path.is_file():
+                yield path
+
+
+def _items(
+    inputs: Iterable[str],
+    modality: str,
+    stdin: IO | None,
+    null_separated: bool,
+    ext: Iterable[str] | None,
+    skipped: Counter | None,
+    collection: Collection,
+    read: bool = True,
+) -> Iterator[Source]:
+    inputs = list(inputs)
+    wanted = frozenset(ext) if ext else extensions(modality)
+    media = modality in MEDIA_MODALITIES
+    # What would make the whole run wrong is a usage error before the first item (so before a model is loaded):
+    # a parquet file named on the command line that lacks the columns, a --dataset that cannot be opened.
+    if media and read:
+        for path in _given_files(inputs):
+            if table.is_table(path):
+                table.check_parquet(path, collection)
+    opened = table.open_dataset(collection) if collection.dataset and read else None
+    keys = table.Keys()
+    for found in find_files(inputs, wanted | _walked_collections(modality, collection), stdin, null_separated, skipped):
+        if found.error is None and media and tar.is_shard(found.path):
+            yield from tar.members(found.path, found.key, wanted, skipped, read=read)
+        elif found.error is None and media and table.is_table(found.path):
+            if read:
+                yield from table.parquet_rows(found.path, found.key, collection, keys)
+            else:
+                yield from (
+                    Source(found.key, str(found.path)) for _ in range(table.parquet_row_count(found.path, collection))
+                )
+        else:
+            yield Source(found.key, str(found.path), error=found.error)
+    if opened is not None:
+        yield from table.dataset_rows(opened, collection, keys)
+
+
+def iter_sources(
+    inputs: Iterable[str],
+    modality: str,
+    stdin: IO | None = None,
+    null_separated: bool = False,
+    ext: Iterable[str] | None = None,
+    skipped: Counter | None = None,
+    collection: Collection | None = None,
+) -> Iterator[Source]:
+    """Yield each item once, in input order, numbered by `position`; folders are walked recursively in sorted
+    order.
+
+    Keys: the path as given for files, the path relative to the folder for folder contents (prefixed with the
+    folder as given when that name is already taken); `SHARD:MEMBER` for tar members, `FILE:ROW` for parquet rows
+    (or the --key-column's value), `DATASET:SPLIT:ROW` for a dataset's. Folders are walked for `ext` (default: the
+    modality's `extensions`) and for the collections the command reads, whether given as arguments or listed on
+    stdin; files named explicitly are taken whatever their extension. Files (and shard members) passed over are
+    counted in `skipped` by extension. What cannot be an item (a missing path, a member or row that cannot be
+    read) is yielded with an error so the run reports it and goes on; a run that cannot start (a parquet file
+    given without the columns, a dataset that cannot be opened) raises UsageError before the first item.
+    """
+    items = _items(inputs, modality, stdin, null_separated, ext, skipped, collection or Collection())
+    for position, source in enumerate(items):
+        yield replace(source, position=position)
+
+
+def count_sources(
+    inputs: Iterable[str], modality: str, ext: Iterable[str] | None = None, collection: Collection | None = None
+) -> int | None:
+    """How many items `iter_sources` yields for these inputs, read cheaply (file names, tar headers, parquet
+    footers, a saved dataset's row count), for a progress total; None when it cannot be known without reading
+    everything (a streamed dataset) or the inputs cannot be read. Never stdin."""
+    collection = collection or Collection()
+    try:
+        total = sum(1 for _ in _items(inputs, modality, None, False, ext, None, collection, read=False))
+        if collection.dataset:
+            if not Path(collection.dataset).expanduser().exists():
+                return None  # a hub dataset: counting it would ask the network again
+            opened = table.open_dataset(collection)
+            if opened.num_rows is None:
+                return None
+            total += opened.num_rows
+    except Exception:  # noqa: BLE001 - a progress total is never worth a failure
+        return None
+    return total
+
+
+def require_input(
+    sources: Iterator[Source],
+    inputs: Iterable[str],
+    modality: str,
+    ext: Iterable[str] | None,
+    skipped: Counter,
+    dataset: str | None = None,
+) -> Iterator[Source]:
+    """The same sources, lazily; UsageError before the first if there is none at all (a wrong folder or the
+    wrong command: `gemma-embed images videos/` must not succeed with an empty output)."""
+    first = next(sources, None)
+    if first is None:
+        raise UsageError(no_input_message(inputs, modality, ext, skipped, dataset))
+
+    def chained() -> Iterator[Source]:
+        yield first
+        yield from sources
+
+    return chained()
+
+
+def no_input_message(
+    inputs: Iterable[str], modality: str, ext: Iterable[str] | None, skipped: Counter, dataset: str | None = None
+) -> str:
+    """One line: where it looked, for what, and what it passed over."""
+    inputs = list(inputs)
+    if not inputs and not dataset:
+        return "nothing to embed: give files, folders, tar shards or - (a list on stdin), or --dataset NAME"
+    given = [i for i in inputs if i != "-"]
+    where = ", ".join(given[:3]) + (f" and {len(given) - 3} more" if len(given) > 3 else "")
+    if "-" in inputs:
+        where = (where + " and " if where else "") + "the list on stdin"
+    if dataset:
+        where = (where + " and " if where else "") + f"the dataset {dataset}"
+    wanted = sorted(ext) if ext else sorted(extensions(modality))
+    shown = " ".join(wanted[:12]) + (f" ... ({len(wanted)} extensions, see README)" if len(wanted) > 12 else "")
+    noun = {"images": "image"}.get(str(modality), str(modality))
+    line = f"no {noun} files found in {where or 'the arguments'}: looked for {shown}"
+    if skipped:
+        passed = ", ".join(f"{e} x{n}" for e, n in skipped.most_common(5))
+        more = "" if len(skipped) <= 5 else f", {len(skipped) - 5} more kinds"
+        line += f"; passed over {sum(skipped.values())} files ({passed}{more}); --ext chooses the extensions"
+    return line
+
+
+def skipped_note(modality: str, skipped: Counter) -> str | None:
+    """A note for the end of a run: the files the walk (or a tar shard's members) passed over, by extension."""
+    if not skipped:
+        return None
+    kinds = ", ".join(f"{e} x{n}" for e, n in skipped.most_common(5))
+    more = "" if len(skipped) <= 5 else f", {len(skipped) - 5} more kinds"
+    total = sum(skipped.values())
+    return (
+        f"skipped {total} file{'s' if total != 1 else ''} the folder walk does not take for {modality} "
+        f"({kinds}{more}); --ext chooses the extensions"
+    )

@@ -1,0 +1,174 @@
+"""Files: paths as given, folders walked, lists of paths on stdin, and brace patterns of shard names."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import sys
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+
+@functools.cache
+def extensions(modality: str) -> frozenset[str]:
+    """The extensions a folder walk takes for a modality: what its decoders register here (Pillow for images;
+    FFmpeg's video containers for video; FFmpeg's audio formats, libsndfile's and the video containers, for
+    their soundtracks, for audio). Lower case, with the dot."""
+    if modality == "images":
+        from gemma_embed.media.image import extensions as found
+    elif modality == "video":
+        from gemma_embed.media.video import extensions as found
+    elif modality == "audio":
+        from gemma_embed.media.audio import extensions as found
+    elif modality == "text":
+        from gemma_embed.sources.text import TEXT_EXTENSIONS
+
+        return TEXT_EXTENSIONS
+    else:
+        raise ValueError(f"no such modality: {modality}")
+    return frozenset(found())
+
+
+def parse_extensions(text: str | Iterable[str] | None) -> tuple[str, ...] | None:
+    """ "jpg,PNG, .webp" -> (".jpg", ".png", ".webp"); None stays None (the modality's own set)."""
+    if text is None:
+        return None
+    parts = text.split(",") if isinstance(text, str) else list(text)
+    found = []
+    for part in parts:
+        ext = str(part).strip().lower()
+        if not ext:
+            continue
+        ext = "." + ext.lstrip(".")
+        if ext == "." or "/" in ext or os.sep in ext:
+            raise ValueError(f"not a file extension: {part!r}")
+        if ext not in found:
+            found.append(ext)
+    if not found:
+        raise ValueError("give at least one extension, e.g. jpg,png")
+    return tuple(found)
+
+
+def read_path_list(stream: IO[bytes] | IO[str], null_separated: bool) -> list[str]:
+    data = stream.read()
+    if isinstance(data, bytes):
+        # Non-UTF-8 names must survive the round trip to os.open: decode like the OS does.
+        data = os.fsdecode(data)
+    sep = "\0" if null_separated else "\n"
+    return [p.rstrip("\r") if not null_separated else p for p in data.split(sep) if p.strip()]
+
+
+# ------------------------------------------------------------------------------------------ brace patterns
+
+_GROUP = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?")
+
+
+def expand_braces(pattern: str) -> Iterator[str]:
+    """`shards/{00000..00002}.tar` -> its three names, lazily, as webdataset (its `braceexpand`) and bash expand
+    them: a numeric range keeps the width of a zero-padded end (`{08..10}`: 08 09 10), `{a,b}` is a list,
+    several groups multiply in order. A group that is neither (`{x}`) stays as written."""
+    match = _GROUP.search(pattern)
+    if match is None:
+        yield pattern
+        return
+    head, body, tail = pattern[: match.start()], match.group(1), pattern[match.end() :]
+    numeric = _RANGE.fullmatch(body)
+    if numeric:
+        first, last = int(numeric.group(1)), int(numeric.group(2))
+        step = abs(int(numeric.group(3) or 1)) or 1
+        padded = any(re.match(r"-?0\d", end) for end in numeric.group(1, 2))
+        width = max(len(numeric.group(1)), len(numeric.group(2))) if padded else 0
+        direction = 1 if last >= first else -1
+        choices: Iterable[str] = (f"{v:0{width}d}" for v in range(first, last + direction, step * direction))
+    elif "," in body:
+        choices = body.split(",")
+    else:
+        for rest in expand_braces(tail):
+            yield f"{head}{{{body}}}{rest}"
+        return
+    for choice in choices:
+        for rest in expand_braces(tail):
+            yield head + choice + rest
+
+
+def is_brace_pattern(given: str) -> bool:
+    return _GROUP.search(given) is not None and not os.path.lexists(given)
+
+
+# ------------------------------------------------------------------------------------------ finding files
+
+
+@dataclass(frozen=True)
+class Found:
+    """A file the input names (or a path that cannot be one, with the reason), keyed as the output will key it."""
+
+    key: str
+    path: Path
+    error: str | None = None
+
+
+def _walk(folder: Path, extensions: Iterable[str], skipped: Counter | None) -> Iterator[Path]:
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        dirs.sort()
+        for name in sorted(files):
+            suffix = Path(name).suffix.lower()
+            if suffix in extensions:
+                yield Path(root) / name
+            elif skipped is not None:
+                skipped[suffix or "(none)"] += 1
+
+
+def find_files(
+    inputs: Iterable[str],
+    walked: frozenset[str],
+    stdin: IO | None = None,
+    null_separated: bool = False,
+    skipped: Counter | None = None,
+) -> Iterator[Found]:
+    """Each file once, in input order; folders are walked recursively in sorted order for `walked` extensions.
+
+    Keys: the path as given for files, the path relative to the folder for folder contents (prefixed with the
+    folder as given when that name is already taken). Brace patterns (`shards/{00000..00099}.tar`, when no file
+    has that literal name) stand for each name they expand to, as given. Files named explicitly are taken whatever
+    their extension. Files a walk passes over are counted in `skipped` by extension. A path that cannot be an
+    item (missing, dangling link) comes with an error, so the run reports it and goes on.
+    """
+    seen_paths: set[str] = set()
+    seen_keys: set[str] = set()
+
+    def expanded() -> Iterator[str]:
+        for given in inputs:
+            if given == "-":
+                stream = stdin if stdin is not None else sys.stdin.buffer
+                yield from read_path_list(stream, null_separated)
+            elif is_brace_pattern(given):
+                yield from expand_braces(given)
+            else:
+                yield given
+
+    def emit(key: str, path: Path, error: str | None = None) -> Iterator[Found]:
+        ident = os.path.realpath(path) if error is None else str(path)
+        if ident in seen_paths:
+            return
+        seen_paths.add(ident)
+        seen_keys.add(key)
+        yield Found(key, path, error)
+
+    for given in expanded():
+        path = Path(given)
+        if path.is_dir():
+            for file in _walk(path, walked, skipped):
+                rel = file.relative_to(path).as_posix()
+                key = rel if rel not in seen_keys else (path / rel).as_posix()
+                yield from emit(key, file)
+        elif path.exists():
+            yield from emit(given, path)
+        elif path.is_symlink():
+            yield from emit(given, path, "dangling symbolic link (its target does not exist)")
+        else:
+            yield from emit(given, path, "no such file or directory")

@@ -1,0 +1,412 @@
+"""Tables: rows of .parquet files (pyarrow) and of Hugging Face datasets (the optional `datasets` extra) as items.
+
+`--column NAME` names the media. It may hold the bytes themselves (a binary column), paths of files (a string
+column; a relative path is taken from the parquet file's folder, or the dataset's), or the struct of `bytes` and
+`path` that `datasets` stores its `Image`, `Audio` and `Video` features as, in saved datasets and parquet exports
+alike (the bytes when there are some, else the path; the path's file name goes to the item's metadata as `name`
+and gives the bytes their extension). The cells reach the tool's own decoders untouched: nothing in `datasets`
+decodes them (they are read as Arrow data), so an image in a dataset becomes exactly what the same file would.
+
+Rows are read a record batch of BATCH_ROWS rows at a time, row group by row group, and only the columns the run
+needs: memory holds one batch, however many rows or row groups a file has. A row group that cannot be read fails
+each of its rows that was not read yet, by key, and reading goes on with the next.
+
+Keys: `FILE:ROW` (the file keyed as any file is; ROW counts from 0 over the whole file) or, for a dataset,
+`DATASET:SPLIT:ROW`; with `--key-column` the column's value (it must be unique: a repeat fails, naming the row).
+Each item's metadata has `row`, and the `--keep-columns` (scalar columns: numbers, strings, booleans, dates as
+ISO text) by their own names; a name the tool writes itself (RESERVED) is refused, so nothing is overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import decimal
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from gemma_embed.errors import UsageError
+from gemma_embed.media import MediaBytes
+from gemma_embed.sources.base import Collection, Source
+
+SUFFIXES = (".parquet",)
+BATCH_ROWS = 16  # rows converted at a time: a batch of 16 large images is tens of MB at most
+# Metadata fields the tool writes for a table's items (file facts, row and name, what the decoders and preparers
+# record): a kept column of one of these names would overwrite one or be overwritten, so it is refused. (A tar
+# member's `caption` and `json` never meet kept columns: a caption column keeps its name.)
+RESERVED = frozenset(
+    {"path", "bytes", "mtime", "sha256", "rows", "row", "name", "warnings"}
+    | {"image_format", "mode", "frames_in_file", "width", "height", "max_soft_tokens", "patches"}
+    | {"resized_width", "resized_height", "frames", "frame_indices", "timestamps", "fps", "duration_s"}
+    | {"total_frames", "rotation", "codec", "rows_per_frame", "sample_rate", "channels", "decoder"}
+    | {"window_s", "windows"}
+)
+
+
+def is_table(path: Path) -> bool:
+    return path.name.lower().endswith(SUFFIXES)
+
+
+def parse_columns(text: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    """ "a, b" -> ("a", "b"); names a kept column may not have are refused (ValueError, for --keep-columns)."""
+    if text is None:
+        return ()
+    names = tuple(dict.fromkeys(n.strip() for n in (text.split(",") if isinstance(text, str) else text)))
+    names = tuple(n for n in names if n)
+    clash = [n for n in names if n in RESERVED]
+    if clash:
+        raise ValueError(
+            f"{', '.join(clash)}: the tool writes {'this field' if len(clash) == 1 else 'these fields'} itself; "
+            f"rename the column (or key by it with --key-column)"
+        )
+    return names
+
+
+# ------------------------------------------------------------------------------------------ columns
+
+
+def _media_kind(kind) -> str | None:
+    """'bytes', 'path' or 'struct' for a column type the tool reads media from; None otherwise."""
+    import pyarrow as pa
+
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
+        return "bytes"
+    if getattr(pa.types, "is_binary_view", lambda _: False)(kind):
+        return "bytes"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "path"
+    if getattr(pa.types, "is_string_view", lambda _: False)(kind):
+        return "path"
+    if pa.types.is_struct(kind) and {kind.field(i).name for i in range(kind.num_fields)} & {"bytes", "path"}:
+        return "struct"
+    return None
+
+
+def column_problem(schema, collection: Collection) -> str | None:
+    """Why these columns cannot be read from a table with this schema (one line), or None."""
+    import pyarrow as pa
+
+    names = schema.names
+    listed = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+    if collection.column is None:
+        return f"give --column NAME, the column of media or file paths (its columns: {listed})"
+    for wanted in (collection.column, collection.key_column, *collection.keep_columns):
+        if wanted is not None and wanted not in names:
+            return f"no column {wanted!r} (its columns: {listed})"
+    kind = schema.field(collection.column).type
+    if _media_kind(kind) is None:
+        return (
+            f"column {collection.column!r} holds {kind}: --column needs bytes (binary), file paths (string) or a "
+            f"struct of bytes and path (datasets' Image, Audio and Video features)"
+        )
+    for kept in (collection.key_column, *collection.keep_columns):
+        if kept is None:
+            continue
+        kind = schema.field(kept).type
+        if pa.types.is_nested(kind) or _media_kind(kind) == "bytes":
+            return f"column {kept!r} holds {kind}: only scalar columns (numbers, text, dates) can be kept or key items"
+    return None
+
+
+def _scalar(value):
+    """A cell as JSON metadata: dates and decimals as text, NaN and infinities as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (datetime.date, datetime.time, datetime.datetime)):
+        return value.isoformat()
+    if isinstance(value, (decimal.Decimal, datetime.timedelta)):
+        return str(value)
+    return value
+
+
+@dataclass
+class Keys:
+    """--key-column values seen so far in this run: a repeat is refused (the output needs unique keys)."""
+
+    seen: set[str] = field(default_factory=set)
+
+    def take(self, key: str) -> bool:
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+@dataclass
+class _Rows:
+    """Turns record batches of one table into items."""
+
+    collection: Collection
+    keys: Keys
+    where: str  # Source.path of a row carrying bytes: the parquet file, or the dataset
+    key_prefix: str  # FILE or DATASET:SPLIT
+    folder: Path | None  # relative paths in a path column are taken from here
+
+    def row_key(self, row: int) -> str:
+        return f"{self.key_prefix}:{row}"
+
+    def lost(self, first: int, end: int, reason: str) -> Iterator[Source]:
+        for row in range(first, end):
+            yield Source(self.row_key(row), self.where, error=reason)
+
+    def of_batch(self, batch, first: int) -> Iterator[Source]:
+        column = batch.column(batch.schema.get_field_index(self.collection.column))
+        kind = _media_kind(column.type)
+        keyed = (
+            batch.column(batch.schema.get_field_index(self.collection.key_column))
+            if self.collection.key_column
+            else None
+        )
+        kept = {name: batch.column(batch.schema.get_field_index(name)) for name in self.collection.keep_columns}
+        if kind == "struct":
+            names = {column.type.field(i).name for i in range(column.type.num_fields)}
+            data_cells = column.field("bytes") if "bytes" in names else None
+            path_cells = column.field("path") if "path" in names else None
+        else:
+            data_cells = column if kind == "bytes" else None
+            path_cells = column if kind == "path" else None
+        for i in range(batch.num_rows):
+            row = first + i
+            key = self.row_key(row)
+            if keyed is not None:
+                value = keyed[i].as_py()
+                if value is None:
+                    yield Source(key, self.where, error=f"its --key-column {self.collection.key_column!r} is empty")
+                    continue
+                key = str(_scalar(value))
+                if not self.keys.take(key):
+                    yield Source(
+                        key, self.where, error=f"row {row} repeats this key (--key-column values must be unique)"
+                    )
+                    continue
+            meta = {"row": row, **{name: _scalar(cells[i].as_py()) for name, cells in kept.items()}}
+            yield self.item(key, row, meta, data_cells, path_cells, i, column[i].is_valid)
+
+    def item(self, key: str, row: int, meta: dict, data_cells, path_cells, i: int, valid: bool) -> Source:
+        data = data_cells[i].as_py() if data_cells is not None and valid else None
+        name = path_cells[i].as_py() if path_cells is not None and valid else None
+        if data is not None:
+            if name:
+                meta["name"] = name
+            return Source(key, self.where, data=MediaBytes(data, PurePosixPath(name or "").name), meta=meta)
+        if not name:
+            return Source(key, self.where, error=f"row {row} has no media (column {self.collection.column!r} is empty)")
+        path = Path(name).expanduser()
+        if not path.is_absolute() and self.folder is not None:
+            path = self.folder / path
+        if not path.is_file():
+            why = "not a file" if path.exists() else "no such file or directory"
+            return Source(key, str(path), error=f"row {row} names {path}: {why}")
+        return Source(key, str(path), meta=meta)
+
+
+# ------------------------------------------------------------------------------------------ parquet
+
+
+def _open_parquet(path: Path):
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path)
+
+
+def check_parquet(path: Path, collection: Collection) -> None:
+    """UsageError (naming the file) when the run's columns cannot be read from it: checked before a model is
+    loaded, for files named on the command line."""
+    try:
+        schema = _open_parquet(path).schema_arrow
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file; one line says why
+        raise UsageError(f"{path}: not a readable parquet file ({_one_line(exc)})") from None
+    problem = column_problem(schema, collection)
+    if problem:
+        raise UsageError(f"{path}: {problem}")
+
+
+def parquet_rows(path: Path, file_key: str, collection: Collection, keys: Keys) -> Iterator[Source]:
+    """The items of one parquet file, in row order; a file or row group that cannot be read fails by key."""
+    import pyarrow as pa
+
+    try:
+        table = _open_parquet(path)
+        problem = column_problem(table.schema_arrow, collection)
+    except Exception as exc:  # noqa: BLE001
+        yield Source(file_key, str(path), error=f"not a readable parquet file ({_one_line(exc)})")
+        return
+    if problem:
+        yield Source(file_key, str(path), error=problem)
+        return
+    rows = _Rows(collection, keys, str(path), file_key, path.parent)
+    columns = list(dict.fromkeys(c for c in (collection.column, collection.key_column, *collection.keep_columns) if c))
+    row = 0
+    for group in range(table.num_row_groups):
+        end = row + table.metadata.row_group(group).num_rows
+        try:
+            for batch in table.iter_batches(
+                batch_size=BATCH_ROWS, row_groups=[group], columns=columns, use_threads=False
+            ):
+                yield from rows.of_batch(batch, row)
+                row += batch.num_rows
+        except (pa.ArrowException, OSError) as exc:
+            yield from rows.lost(row, end, f"row group {group} cannot be read ({_one_line(exc)})")
+        row = end
+
+
+def parquet_row_count(path: Path, collection: Collection) -> int:
+    """How many items the file gives (from its footer; 1, its failure, when the columns do not fit)."""
+    try:
+        table = _open_parquet(path)
+    except Exception:  # noqa: BLE001
+        return 1
+    return 1 if column_problem(table.schema_arrow, collection) else table.metadata.num_rows
+
+
+# ------------------------------------------------------------------------------------------ datasets
+
+
+@dataclass
+class OpenedDataset:
+    dataset: object  # datasets.Dataset (saved or cached: memory-mapped) or IterableDataset (streamed)
+    name: str
+    split: str | None
+    folder: Path | None  # the dataset's folder when it is local
+
+    @property
+    def key_prefix(self) -> str:
+        return f"{self.name}:{self.split}" if self.split else self.name
+
+    @property
+    def num_rows(self) -> int | None:
+        return getattr(self.dataset, "num_rows", None)
+
+
+@contextlib.contextmanager
+def _quiet_datasets():
+    """datasets and huggingface_hub print progress bars and retry warnings; the tool says what failed itself."""
+    import logging
+
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    loggers = [logging.getLogger(name) for name in ("datasets", "huggingface_hub", "fsspec")]
+    levels = [logger.level for logger in loggers]
+    bars_were_on = not are_progress_bars_disabled()
+    disable_progress_bars()
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+        if bars_were_on:
+            enable_progress_bars()
+
+
+@contextlib.contextmanager
+def _offline(datasets):
+    """datasets reads its offline switch from its config at call time: set for a local dataset (no network call)
+    or when the hub cannot be reached (the cache only)."""
+    before = datasets.config.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE = before
+
+
+def open_dataset(collection: Collection) -> OpenedDataset:
+    """The dataset `--dataset` names, its split chosen, checked: UsageError in one line otherwise. A folder saved
+    with `save_to_disk` is memory-mapped; another local folder (data files) is streamed with the network off; a
+    hub id is streamed, or read from the local cache when the hub cannot be reached."""
+    try:
+        import datasets
+    except ImportError:
+        raise UsageError("--dataset needs the datasets package: pip install 'gemma-embed[datasets]'") from None
+    from gemma_embed.config import looks_like_path
+
+    name = collection.dataset
+    local = Path(name).expanduser()
+    with _quiet_datasets():
+        if local.exists():
+            try:
+                if (local / "dataset_dict.json").is_file() or (local / "state.json").is_file():
+                    loaded = datasets.load_from_disk(str(local))
+                else:
+                    with _offline(datasets):
+                        loaded = datasets.load_dataset(str(local), split=collection.split, streaming=True)
+            except Exception as exc:  # noqa: BLE001 - datasets raises many types; one line says why
+                raise UsageError(f"--dataset {name}: cannot read this dataset ({_one_line(exc)})") from None
+            folder = local
+        elif looks_like_path(name):
+            raise UsageError(f"--dataset {name}: no such folder (and not a hub id)")
+        else:
+            loaded, folder = _from_hub(datasets, name, collection.split), None
+    dataset, split = _choose_split(loaded, collection.split, name)
+    opened = OpenedDataset(dataset, name, split, folder)
+    features = getattr(dataset, "features", None)
+    if features is not None:
+        problem = column_problem(features.arrow_schema, collection)
+        if problem:
+            raise UsageError(f"--dataset {name}: {problem}")
+    return opened
+
+
+def _from_hub(datasets, name: str, split: str | None):
+    from gemma_embed.models.loading import hub_offline
+
+    offline = hub_offline()
+    try:
+        if offline is None:
+            return datasets.load_dataset(name, split=split, streaming=True)
+        with _offline(datasets):
+            return datasets.load_dataset(name, split=split)
+    except Exception as exc:  # noqa: BLE001
+        if offline is not None:
+            raise UsageError(
+                f"--dataset {name}: not in the local cache and {offline}; download it where there is a network "
+                f"(load_dataset) and run with HF_HUB_OFFLINE=1, or pass a saved dataset's folder"
+            ) from None
+        raise UsageError(f"--dataset {name}: cannot load it from the hub ({_one_line(exc)})") from None
+
+
+def _choose_split(loaded, wanted: str | None, name: str):
+    """(dataset, split name) from what loading gave: a dict of splits, or one split."""
+    if not hasattr(loaded, "keys"):  # one split
+        split = getattr(loaded, "split", None)
+        split = str(split) if split is not None else None
+        if wanted is not None and split is not None and wanted != split:
+            raise UsageError(f"--dataset {name}: it holds the split {split!r}, not {wanted!r}")
+        return loaded, split or wanted
+    splits = list(loaded.keys())
+    if wanted is None:
+        wanted = "train" if "train" in splits else (splits[0] if len(splits) == 1 else None)
+        if wanted is None:
+            raise UsageError(f"--dataset {name}: choose a split with --split ({', '.join(splits)})")
+    if wanted not in splits:
+        raise UsageError(f"--dataset {name}: no split {wanted!r} (its splits: {', '.join(splits)})")
+    return loaded[wanted], wanted
+
+
+def dataset_rows(opened: OpenedDataset, collection: Collection, keys: Keys) -> Iterator[Source]:
+    """The dataset's rows as items, in order, read as Arrow record batches (nothing decoded by datasets)."""
+    columns = list(dict.fromkeys(c for c in (collection.column, collection.key_column, *collection.keep_columns) if c))
+    rows = _Rows(collection, keys, opened.name, opened.key_prefix, opened.folder)
+    row = 0
+    checked = getattr(opened.dataset, "features", None) is not None
+    with _quiet_datasets():
+        tables = opened.dataset.select_columns(columns).with_format("arrow").iter(batch_size=BATCH_ROWS)
+    for table in tables:
+        if not checked:  # a streamed dataset may say its features only with its first rows
+            problem = column_problem(table.schema, collection)
+            if problem:
+                yield Source(opened.name, opened.name, error=problem)
+                return
+            checked = True
+        for batch in table.to_batches():
+            yield from rows.of_batch(batch, row)
+            row += batch.num_rows
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."

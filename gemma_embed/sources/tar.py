@@ -1,0 +1,290 @@
+"""Tar shards (webdataset's layout, as img2dataset and LAION write them), streamed member by member.
+
+Read with the standard library's `tarfile`, not the `webdataset` package: `tarfile` is always there (webdataset
+is one more dependency, with its own opener that starts `curl` or shell pipes for names it does not know), and
+it lets every failure be named. webdataset's reader raises on a bad shard (or, with a `warn_and_continue`
+handler, skips to the next one) without saying which members were lost; here each member is read on its own, so
+a member whose data is cut is a failed item under its own key, the members before it are items, and what comes
+after a cut or a corrupt header is accounted for (below). A shard is read front to back, a member at a time:
+nothing is extracted to disk and memory holds one sample's members.
+
+Samples follow webdataset's convention (its `base_plus_ext`): a member's sample key is its path up to the first
+dot of its file name, the rest is the field (`000017.jpg`, `000017.txt`, `000017.json`: sample `000017`), and a
+sample's members are consecutive in the shard (webdataset's TarWriter writes them so, in sorted field order; for a
+shard made with the `tar` program, list a sample's files together, e.g. sorted). A member whose extension is one
+the command decodes is an item keyed `SHARD:MEMBER` (the shard keyed as a file would be: as given, or relative to
+a walked folder), so keys stay unique across shards whose sample keys repeat; its metadata has `member` (the
+member's name) and, from its sample's sidecars, `caption` (the `.txt` member's text) and `json` (the `.json`
+member, parsed; its text when it does not parse), so the output joins back to the dataset. Other members are
+counted as skipped, like files a folder walk passes over. A sample is held until its last member is read, at most
+MAX_SAMPLE_BYTES (a larger one gives its items the sidecars read so far).
+
+A shard that stops early is named: a member whose data is cut fails under its key; a shard that ends between
+members without tar's end-of-archive marker fails under the shard's own key ("truncated"); a corrupt header is a
+failure under the shard's key giving its byte offset, and reading resumes at the next valid header (the members
+in the bytes skipped are lost, and the line says how many bytes). Data after the end-of-archive marker (another
+archive appended, as `cat a.tar b.tar` makes) is read too.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import tarfile
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gemma_embed.media import MediaBytes
+from gemma_embed.sources.base import Source
+
+SUFFIXES = (".tar",)
+SIDECARS = {"txt": "caption", "json": "json"}  # a sample's field -> the metadata key its text goes to
+MAX_SAMPLE_BYTES = 256 << 20  # a sample's members held while waiting for the rest of the sample
+BLOCK = tarfile.BLOCKSIZE
+SCAN_BYTES = 1 << 20  # read this much at a time when looking for the next valid header
+_SAMPLE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext, one dot-less leading name
+
+
+def is_shard(path: Path) -> bool:
+    return path.name.lower().endswith(SUFFIXES)
+
+
+def sample_key(name: str) -> tuple[str, str]:
+    """(sample key, field) of a member name, as webdataset groups members: "a/000017.jpg" -> ("a/000017",
+    "jpg"); "x.seg.png" -> ("x", "seg.png"); a name without a dot is a sample of its own with no field."""
+    match = _SAMPLE.match(name)
+    return (match.group(1), match.group(2)) if match else (name, "")
+
+
+@dataclass
+class _Member:
+    name: str
+    data: bytes | None = None  # None when not read (counting) or when it could not be read
+    error: str | None = None
+
+
+@dataclass
+class _Problem:
+    """A failure of the shard itself (not of a member it names): truncated, corrupt header, unreadable."""
+
+    message: str
+
+
+@dataclass
+class _Sample:
+    key: str | None = None
+    members: list[_Member] = field(default_factory=list)
+    size: int = 0
+
+
+def members(
+    path: Path, shard_key: str, wanted: frozenset[str], skipped: Counter | None = None, read: bool = True
+) -> Iterator[Source]:
+    """The items of one shard, in member order: each member with a `wanted` extension (its bytes, its sample's
+    sidecars), then failures as they are met. With `read=False` only the headers are read (members' data is
+    skipped by seeking): what is yielded is only good for counting."""
+    sample = _Sample()
+    seen: set[str] = set()
+
+    def flush() -> Iterator[Source]:
+        meta = _sidecar_meta(sample.members)
+        takes = any(_wanted(m.name, wanted) for m in sample.members)
+        for member in sample.members:
+            if member.name in seen:
+                if _wanted(member.name, wanted):
+                    yield Source(
+                        f"{shard_key}:{member.name}",
+                        str(path),
+                        error="another member of this name comes earlier in the shard; this one is not embedded",
+                    )
+                continue
+            seen.add(member.name)
+            if _wanted(member.name, wanted) or member.error is not None:
+                data = MediaBytes(member.data, posixpath.basename(member.name)) if member.data is not None else None
+                yield Source(
+                    f"{shard_key}:{member.name}",
+                    str(path),
+                    error=member.error,
+                    data=data,
+                    meta={"member": member.name, **meta} if member.error is None else {},
+                )
+            elif not (takes and sample_key(member.name)[1].lower() in SIDECARS) and skipped is not None:
+                skipped[_suffix(member.name) or "(none)"] += 1
+        sample.members.clear()
+        sample.size = 0
+
+    for event in _read_shard(path, read):
+        if isinstance(event, _Problem):
+            yield from flush()
+            yield Source(shard_key, str(path), error=event.message)
+            continue
+        key = sample_key(event.name)[0]
+        if key != sample.key or sample.size > MAX_SAMPLE_BYTES:
+            yield from flush()
+            sample.key = key
+        sample.members.append(event)
+        sample.size += len(event.data or b"")
+    yield from flush()
+
+
+def _suffix(name: str) -> str:
+    return posixpath.splitext(name)[1].lower()
+
+
+def _wanted(name: str, wanted: frozenset[str]) -> bool:
+    return _suffix(name) in wanted
+
+
+def _sidecar_meta(sample: list[_Member]) -> dict:
+    """caption and json from a sample's .txt and .json members (webdataset's fields, any case)."""
+    meta = {}
+    for member in sample:
+        target = SIDECARS.get(sample_key(member.name)[1].lower())
+        if target is None or member.data is None or target in meta:
+            continue
+        text = member.data.decode("utf-8", errors="replace")
+        if target == "json":
+            try:
+                meta[target] = json.loads(text)
+            except ValueError:
+                meta[target] = text
+        else:
+            meta[target] = text
+    return meta
+
+
+# ------------------------------------------------------------------------------------------ reading a shard
+
+
+def _read_shard(path: Path, read: bool) -> Iterator[_Member | _Problem]:
+    """Regular-file members in order (with their bytes when `read`), and a _Problem wherever the shard stops
+    making sense; after a corrupt header, reading goes on at the next valid one."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed below; a generator must own its file
+    except OSError as exc:
+        yield _Problem(f"cannot open the shard: {exc.strerror or exc}")
+        return
+    with fh:
+        start = 0
+        last = None  # the last member read, for messages
+        while start is not None:
+            fh.seek(start)
+            try:
+                archive = tarfile.open(fileobj=fh, mode="r:")
+            except tarfile.ReadError as exc:
+                yield _Problem(f"not a readable tar file ({exc})")
+                return
+            while True:
+                try:
+                    info = archive.next()
+                except tarfile.ReadError as exc:
+                    if "unexpected end of data" in str(exc):  # the last member's data is cut (not read: counting)
+                        yield _Problem(f"truncated: the data of member {last} is cut")
+                        return
+                    start = _next_header(fh, archive.offset + BLOCK)
+                    yield _Problem(
+                        f"corrupt tar header at byte {archive.offset} ({exc}); {_skipped(archive.offset, start, fh)}"
+                    )
+                    break
+                if info is None:
+                    start = yield from _after_end(fh, archive.offset, last)
+                    break
+                archive.members.clear()  # tarfile keeps every header it reads; a long shard must not grow memory
+                if not info.isreg():
+                    continue
+                last = info.name
+                if not read:
+                    yield _Member(info.name)
+                    continue
+                try:
+                    data = archive.extractfile(info).read()
+                except (tarfile.ReadError, EOFError, OSError):
+                    have = max(0, fh.seek(0, 2) - info.offset_data)
+                    yield _Member(
+                        info.name,
+                        error=f"truncated shard: the member's data is cut after {have} of {info.size} bytes; "
+                        f"nothing after it can be read",
+                    )
+                    return
+                yield _Member(info.name, data)
+
+
+def _truncated(last: str | None) -> str:
+    after = f"after member {last}" if last else "before its first member"
+    return f"truncated: the shard ends {after} without tar's end-of-archive marker; any later members are lost"
+
+
+def _after_end(fh, offset: int, last: str | None) -> Iterator[_Problem]:
+    """tarfile stopped at `offset` without an error: a clean end (zero blocks to the end of the file), a shard
+    cut short, or a header it could not parse (which tarfile treats as the end). Returns where to go on
+    reading (another archive appended, or the next valid header after a corrupt one), or None."""
+    fh.seek(offset)
+    block = fh.read(BLOCK)
+    if not block:
+        yield _Problem(_truncated(last))
+        return None
+    if len(block) < BLOCK:
+        yield _Problem(f"truncated: the shard ends inside a member header at byte {offset}")
+        return None
+    if block.count(0) == BLOCK:  # the end-of-archive marker: anything but zeros after it is another archive
+        data_at = _next_nonzero_block(fh, offset + BLOCK)
+        if data_at is None:
+            return None
+        following = _next_header(fh, data_at)
+        if following != data_at:
+            yield _Problem(
+                f"corrupt shard: data after the end-of-archive marker at byte {offset} is not a tar header "
+                + _skipped(data_at, following, fh)
+            )
+        return following
+    name = block[:100].split(b"\0", 1)[0].decode("utf-8", errors="replace")
+    following = _next_header(fh, offset + BLOCK)
+    yield _Problem(
+        f"corrupt tar header at byte {offset}" + (f" (its name field reads {name!r})" if name else "") + "; "
+        f"{_skipped(offset, following, fh)}"
+    )
+    return following
+
+
+def _skipped(start: int, following: int | None, fh) -> str:
+    if following is None:
+        return f"nothing readable after it ({fh.seek(0, 2) - start} bytes lost)"
+    return f"{following - start} bytes skipped to the next valid header (the members in them are lost)"
+
+
+def _next_nonzero_block(fh, offset: int) -> int | None:
+    fh.seek(offset)
+    while chunk := fh.read(SCAN_BYTES):
+        stripped = chunk.lstrip(b"\0")
+        if stripped:
+            return offset + (len(chunk) - len(stripped)) // BLOCK * BLOCK
+        offset += len(chunk)
+    return None
+
+
+def _next_header(fh, offset: int) -> int | None:
+    """The offset of the next block at or after `offset` that parses as a tar header (its checksum holds), or
+    None. Candidates are blocks with the ustar magic at byte 257, which tarfile, GNU tar and webdataset all
+    write."""
+    offset = (offset + BLOCK - 1) // BLOCK * BLOCK
+    while True:
+        fh.seek(offset)
+        chunk = fh.read(SCAN_BYTES + BLOCK)
+        if len(chunk) < BLOCK:
+            return None
+        found = chunk.find(b"ustar", 257)
+        while found != -1:
+            start = found - 257
+            if start % BLOCK == 0 and start + BLOCK <= len(chunk):
+                try:
+                    tarfile.TarInfo.frombuf(chunk[start : start + BLOCK], tarfile.ENCODING, "surrogateescape")
+                    return offset + start
+                except tarfile.HeaderError:
+                    pass
+            found = chunk.find(b"ustar", found + 1)
+        if len(chunk) < SCAN_BYTES + BLOCK:
+            return None
+        offset += SCAN_BYTES

@@ -1,0 +1,218 @@
+"""Tar shards in: webdataset's TarWriter and the `tar` program write them, gemma-embed streams them member by member;
+the rows equal the extracted folder's bit for bit, captions join back, and broken shards are named, not fatal."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import webdataset
+from collection_helpers import IMAGES, MODEL, OPTIONS, assert_same_rows, caption, image_files, sidecar
+from helpers import run_images
+
+import gemma_embed
+from gemma_embed.sources import count_sources, expand_braces, iter_sources
+from gemma_embed.sources.tar import sample_key
+
+NAMES = list(IMAGES)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> dict:
+    """The images extracted to a folder, the same samples in two webdataset shards, in one shard made by `tar`,
+    and the folder's own output."""
+    root = tmp_path_factory.mktemp("tar")
+    extracted = root / "extracted"
+    images = image_files(extracted)
+    shards = root / "shards"
+    shards.mkdir()
+    for shard, names in enumerate((NAMES[:4], NAMES[4:])):
+        with webdataset.TarWriter(str(shards / f"{shard:05d}.tar")) as writer:
+            for name in names:
+                stem, ext = name.split(".")
+                writer.write({"__key__": stem, ext: images[name], "txt": caption(name), "json": sidecar(name)})
+    listed = sorted(p.name for p in extracted.iterdir())  # a sample's files together, as webdataset needs them
+    subprocess.run(["tar", "-cf", str(root / "by-tar.tar"), *listed], cwd=extracted, check=True)
+    reference = root / "folder.safetensors"
+    code, _, err = run_images([extracted], MODEL, reference, **OPTIONS)
+    assert code == 0, err
+    return {"root": root, "extracted": extracted, "shards": shards, "reference": reference, "images": images}
+
+
+def test_webdataset_and_tar_program_shards_embed_like_the_extracted_folder(dataset):
+    shards, root = dataset["shards"], dataset["root"]
+    pattern = f"{shards}/{{00000..00001}}.tar"  # as webdataset names a shard set
+    out = root / "wds.safetensors"
+    code, records, err = run_images([pattern], MODEL, out, **OPTIONS)
+    assert code == 0, err
+    key_of = {name: f"{shards}/{i // 4:05d}.tar:{name}" for i, name in enumerate(NAMES)}
+    items = assert_same_rows(out, dataset["reference"], key_of)
+    assert list(gemma_embed.load(out)) == [key_of[n] for n in NAMES]  # member order, shard by shard
+    for name in NAMES:
+        item = items[key_of[name]]
+        assert item["caption"] == caption(name) and item["json"] == sidecar(name)
+        assert item["member"] == name and item["path"] == key_of[name].rsplit(":", 1)[0]
+    assert records[-1]["skipped"] == 0  # every .txt and .json was a sidecar
+
+    made_by_tar = root / "tar.safetensors"
+    code, _, err = run_images([root / "by-tar.tar"], MODEL, made_by_tar, **OPTIONS)
+    assert code == 0, err
+    items = assert_same_rows(made_by_tar, dataset["reference"], {n: f"{root / 'by-tar.tar'}:{n}" for n in NAMES})
+    assert all(items[f"{root / 'by-tar.tar'}:{n}"]["caption"] == caption(n) for n in NAMES)
+
+
+def test_a_folder_of_shards_is_walked_and_keyed_relative_to_it(dataset):
+    sources = list(iter_sources([str(dataset["shards"])], "images"))
+    assert [s.key for s in sources] == [f"{i // 4:05d}.tar:{name}" for i, name in enumerate(NAMES)]
+    assert [s.position for s in sources] == list(range(len(NAMES)))
+    assert all(bytes(s.data) == dataset["images"][s.meta["member"]] for s in sources)
+
+
+def _shard(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as archive:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _offsets(path: Path) -> dict[str, tuple[int, int]]:
+    with tarfile.open(path) as archive:
+        return {m.name: (m.offset, m.offset_data) for m in archive.getmembers()}
+
+
+def test_truncated_shard_names_its_lost_member_and_the_run_goes_on(dataset, tmp_path):
+    images = dataset["images"]
+    whole = _shard(tmp_path / "00000.tar", [(n, images[n]) for n in NAMES[:3]])
+    cut = _shard(tmp_path / "00001.tar", [(n, images[n]) for n in NAMES[3:6]])
+    _, data_at = _offsets(cut)[NAMES[4]]
+    cut.write_bytes(cut.read_bytes()[: data_at + 100])  # member 000004.png loses all but 100 bytes of its data
+    after = _shard(tmp_path / "00002.tar", [(n, images[n]) for n in NAMES[6:]])
+    out = tmp_path / "out.safetensors"
+    code, records, err = run_images([whole, cut, after], MODEL, out, **OPTIONS)
+    assert code == 1
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: {cut}:{NAMES[4]}: truncated shard: the member's data is cut after 100 of "
+        f"{len(images[NAMES[4]])} bytes; nothing after it can be read"
+    ]
+    written = gemma_embed.load(out)
+    expected = [f"{whole}:{n}" for n in NAMES[:3]] + [f"{cut}:{NAMES[3]}"] + [f"{after}:{n}" for n in NAMES[6:]]
+    assert list(written) == expected
+    reference = gemma_embed.load(dataset["reference"])
+    assert all(torch.equal(written[key], reference[key.rsplit(":", 1)[1]]) for key in expected)
+
+
+def _problems(path: Path) -> list[tuple[str, str | None]]:
+    return [(s.key, s.error) for s in iter_sources([str(path)], "images")]
+
+
+def test_a_shard_cut_between_members_or_inside_a_header_says_so(tmp_path):
+    shard = _shard(tmp_path / "s.tar", [("a.jpg", b"x" * 700), ("b.jpg", b"y" * 10)])
+    header_b, _ = _offsets(shard)["b.jpg"]
+    raw = shard.read_bytes()
+    shard.write_bytes(raw[:header_b])  # ends where b.jpg's header would start: no end-of-archive marker
+    assert _problems(shard) == [
+        (f"{shard}:a.jpg", None),
+        (
+            str(shard),
+            "truncated: the shard ends after member a.jpg without tar's end-of-archive marker; any later members "
+            "are lost",
+        ),
+    ]
+    shard.write_bytes(raw[: header_b + 200])
+    assert _problems(shard)[-1] == (str(shard), f"truncated: the shard ends inside a member header at byte {header_b}")
+    shard.write_bytes(b"")
+    assert _problems(shard) == [(str(shard), "not a readable tar file (empty file)")]
+
+
+def test_a_corrupt_header_is_named_and_reading_goes_on_at_the_next_one(tmp_path):
+    members = [(f"{i}.jpg", bytes([i]) * (600 + i)) for i in range(4)]
+    shard = _shard(tmp_path / "s.tar", members)
+    header, _ = _offsets(shard)["1.jpg"]
+    following, _ = _offsets(shard)["2.jpg"]
+    raw = bytearray(shard.read_bytes())
+    raw[header + 148 : header + 156] = b"9999999\0"  # a wrong checksum: tarfile would take the shard as ended there
+    shard.write_bytes(bytes(raw))
+    found = list(iter_sources([str(shard)], "images"))
+    assert [(s.key, s.error) for s in found] == [
+        (f"{shard}:0.jpg", None),
+        (
+            str(shard),
+            f"corrupt tar header at byte {header} (its name field reads '1.jpg'); {following - header} bytes skipped "
+            f"to the next valid header (the members in them are lost)",
+        ),
+        (f"{shard}:2.jpg", None),
+        (f"{shard}:3.jpg", None),
+    ]
+    assert [bytes(s.data) for s in found if s.data is not None] == [members[0][1], members[2][1], members[3][1]]
+
+
+def test_archives_appended_to_a_shard_are_read_too(tmp_path):
+    first = _shard(tmp_path / "a.tar", [("a.jpg", b"a" * 10)])
+    second = _shard(tmp_path / "b.tar", [("b.jpg", b"b" * 10)])
+    both = tmp_path / "both.tar"
+    both.write_bytes(first.read_bytes() + second.read_bytes())  # cat a.tar b.tar
+    assert _problems(both) == [(f"{both}:a.jpg", None), (f"{both}:b.jpg", None)]
+
+
+def test_members_the_command_does_not_take_are_counted_and_sidecars_join_their_sample(tmp_path):
+    shard = _shard(
+        tmp_path / "s.tar",
+        [
+            ("x/001.jpg", b"1"),
+            ("x/001.txt", b"first"),
+            ("x/001.json", b"{not json"),
+            ("x/002.cls", b"7"),
+            ("x/002.txt", b"no image in this sample"),
+            ("x/003.seg.png", b"3"),
+            ("x/003.json", b'{"a": [1, 2]}'),
+            ("x/001.jpg", b"again"),
+        ],
+    )
+    skipped: Counter = Counter()
+    found = list(iter_sources([str(shard)], "images", skipped=skipped))
+    assert [(s.key.split(":", 1)[1], s.meta, s.error) for s in found] == [
+        ("x/001.jpg", {"member": "x/001.jpg", "caption": "first", "json": "{not json"}, None),
+        ("x/003.seg.png", {"member": "x/003.seg.png", "json": {"a": [1, 2]}}, None),
+        ("x/001.jpg", {}, "another member of this name comes earlier in the shard; this one is not embedded"),
+    ]
+    assert found[0].data.name == "001.jpg"  # the decoders route by the member's name
+    assert skipped == Counter({".cls": 1, ".txt": 1})  # the sample without an image: its caption is no sidecar
+    assert count_sources([str(shard)], "images") == len(found)
+    assert list(iter_sources([str(shard)], "audio")) == []
+
+
+def test_webdataset_sample_keys_and_brace_patterns():
+    assert sample_key("a/000017.jpg") == ("a/000017", "jpg")
+    assert sample_key("x.seg.png") == ("x", "seg.png")
+    assert sample_key("dir.v2/x.txt") == ("dir.v2/x", "txt")
+    assert list(expand_braces("s/{00008..00010}.tar")) == ["s/00008.tar", "s/00009.tar", "s/00010.tar"]
+    assert list(expand_braces("{a,b}-{1..2}")) == ["a-1", "a-2", "b-1", "b-2"]
+    assert list(expand_braces("{10..6..2}{x}")) == ["10{x}", "8{x}", "6{x}"]
+    assert list(expand_braces("plain.tar")) == ["plain.tar"]
+
+
+def test_resume_and_slices_over_shards_equal_one_run(dataset, tmp_path):
+    pattern = f"{dataset['shards']}/{{00000..00001}}.tar"
+    out = tmp_path / "out.safetensors"
+    assert run_images([pattern], MODEL, out, **OPTIONS)[0] == 0
+    code, records, err = run_images([pattern], MODEL, out, resume=True, overwrite=False, **OPTIONS)
+    assert code == 0, err
+    assert [r["status"] for r in records if r["type"] == "item"] == ["resumed"] * len(NAMES)
+    assert records[-1]["resumed"] == len(NAMES) and records[-1]["rows"] == 0
+
+    sliced = tmp_path / "sliced.safetensors"
+    for index in (1, 0):
+        code, _, err = run_images([pattern], MODEL, sliced, num_slices=2, slice_index=index, **OPTIONS)
+        assert code == 0, err
+    one, merged = gemma_embed.load(out), gemma_embed.load(sliced)
+    assert list(merged) == list(one)
+    assert all(torch.equal(merged[key], one[key]) for key in one)
+    assert gemma_embed.read_metadata(sliced)["items"] == gemma_embed.read_metadata(out)["items"]
