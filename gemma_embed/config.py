@@ -244,7 +244,8 @@ class RunConfig:
     )
     dtype: Dtype = option(
         Dtype.auto,
-        "auto (bf16 on CUDA, else float32), float32, bfloat16, float16.",
+        "auto: the checkpoint's dtype (bf16) if the GPU or CPU computes it natively, else float32; "
+        "float32, bfloat16, float16.",
         commands=EMBED + PLAN,
         panel=MODEL,
         metavar="DTYPE",
