@@ -15,14 +15,15 @@ SECTIONS=(device equivalence memory)
 
 describe_device() {
     echo "The GPU: name, compute capability, memory, torch and CUDA versions; whether it computes bf16 natively"
-    echo "(is_bf16_supported(including_emulation=False) on that device) and the dtype --dtype auto picks there."
+    echo "(is_bf16_supported(including_emulation=False) on that device) and the dtype --dtype auto picks there for a"
+    echo "checkpoint stored in bf16, with its reason."
 }
 run_device() {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
     python - <<'PY'
 import torch
 
-from gemma_embed.device import resolve_device, resolve_dtype
+from gemma_embed.device import choose_dtype, resolve_device
 
 device = resolve_device("auto")
 assert device.type == "cuda", f"no CUDA device: {device}"
@@ -31,7 +32,8 @@ print(f"{device}: {torch.cuda.get_device_name(device)}, capability {torch.cuda.g
       f"{torch.cuda.get_device_properties(device).total_memory / 2**30:.1f} GiB")
 with torch.cuda.device(device):
     native = torch.cuda.is_bf16_supported(including_emulation=False)
-print(f"bf16 native: {native}; --dtype auto picks {resolve_dtype('auto', device)}")
+choice = choose_dtype("auto", device, torch.bfloat16, "as Gemma 4 checkpoints do")
+print(f"bf16 native: {native}; --dtype auto on a bf16 checkpoint: {choice.name} ({choice.reason})")
 PY
 }
 

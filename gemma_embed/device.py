@@ -4,6 +4,10 @@ cache), in one object a test can replace with a fake device."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 
 from gemma_embed import memory
@@ -45,13 +49,100 @@ def use_device(device: torch.device) -> None:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """auto: bfloat16 on a CUDA device that computes it natively, else float32."""
-    if name == "auto":
-        if device.type == "cuda" and cuda_bf16_native(device):
-            return torch.bfloat16
-        return torch.float32
-    return DTYPES[str(name)]
+# CPU flags of bf16 matrix instructions: AMX tiles (Sapphire Rapids and later) and AVX512-BF16 dot products
+# (Cooper Lake, Zen 4 and later), which oneDNN's bf16 kernels use. Without them torch computes bf16 by converting
+# to float32 and back. On a 2-core Xeon with both flags a release-size vision tower ran 2.5-3.6x faster in bf16
+# than in float32; on machines of the same kind without them bf16 ran at 0.5x (bench/README.md).
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+PROC_CPUINFO = Path("/proc/cpuinfo")
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The compute dtype of a run and why (the run summary and the output's metadata say both)."""
+
+    dtype: torch.dtype
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return dtype_name(self.dtype)
+
+
+def resolve_dtype(name: str, device: torch.device, stored: torch.dtype | None = None) -> torch.dtype:
+    """`choose_dtype(...).dtype`: the compute dtype alone."""
+    return choose_dtype(name, device, stored).dtype
+
+
+def choose_dtype(
+    name: str, device: torch.device, stored: torch.dtype | None = None, stored_from: str = ""
+) -> DtypeChoice:
+    """An explicit --dtype is obeyed. auto follows transformers' `dtype="auto"` and vLLM: the dtype the checkpoint
+    stores its weights in (`stored`; `stored_from` says what said so), where this device computes it fast. A bf16
+    checkpoint runs in bf16 on a GPU that computes bf16 natively and on a CPU with bf16 matrix instructions, in
+    float32 elsewhere. float16 stays opt-in (its narrow range can overflow in a tower trained in bf16); a float32
+    checkpoint, or one whose dtype is unknown, runs in float32."""
+    if name != "auto":
+        return DtypeChoice(DTYPES[str(name)], f"--dtype {name}")
+    where = f" ({stored_from})" if stored_from else ""
+    if stored is None:
+        return DtypeChoice(torch.float32, "auto: the checkpoint names no dtype, so float32")
+    if stored == torch.float16:
+        opt_in = "float16 is opt-in (--dtype float16)"
+        return DtypeChoice(torch.float32, f"auto: the checkpoint stores float16{where}; {opt_in}, so float32")
+    if stored != torch.bfloat16:
+        return DtypeChoice(torch.float32, f"auto: the checkpoint stores {dtype_name(stored)}{where}, so float32")
+    fast, why = bf16_is_fast(device)
+    if fast:
+        return DtypeChoice(torch.bfloat16, f"auto: the checkpoint stores bfloat16{where} and {why}")
+    return DtypeChoice(torch.float32, f"auto: the checkpoint stores bfloat16{where}, but {why}, so float32")
+
+
+def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
+    """Whether this device computes bf16 matrix products in hardware, and what says so (one clause)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        gpu = torch.cuda.get_device_name(device)
+        if cuda_bf16_native(device):
+            return True, f"{gpu} computes bf16 natively"
+        return False, f"{gpu} only emulates bf16"
+    if device.type == "cpu":
+        units = cpu_bf16_units()
+        if units:
+            return True, f"this CPU has bf16 matrix instructions ({', '.join(units)})"
+        return False, f"this CPU has no bf16 matrix instructions (no {' or '.join(CPU_BF16_FLAGS)})"
+    return False, f"bf16 speed on {device.type} is not measured here"
+
+
+def cpu_bf16_units(capabilities: Mapping | None = None) -> tuple[str, ...]:
+    """The bf16 matrix instructions (`CPU_BF16_FLAGS`) this CPU reports, read from the hardware."""
+    capabilities = cpu_capabilities() if capabilities is None else capabilities
+    return tuple(flag for flag in CPU_BF16_FLAGS if capabilities.get(flag))
+
+
+def cpu_capabilities() -> Mapping:
+    """The CPU's instruction-set flags: torch's own query (`torch.cpu.get_capabilities`: cpuinfo's CPUID at run
+    time), else the kernel's flags in /proc/cpuinfo, else none."""
+    query = getattr(torch.cpu, "get_capabilities", None)
+    if query is not None:
+        try:
+            return query()
+        except RuntimeError:
+            pass
+    try:
+        text = PROC_CPUINFO.read_text()
+    except OSError:
+        return {}
+    return dict.fromkeys(cpuinfo_flags(text), True)
+
+
+def cpuinfo_flags(text: str) -> set[str]:
+    """The flags /proc/cpuinfo lists for its first processor (x86 `flags`, Arm `Features`)."""
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
 
 
 def cuda_bf16_native(device: torch.device) -> bool:

@@ -20,7 +20,7 @@ import torch
 from gemma_embed import capture, distributed, memory, store
 from gemma_embed.config import RunConfig, Space
 from gemma_embed.decoding import WINDOW_ITEMS, Prepared, prepared_stream
-from gemma_embed.device import dtype_name, resolve_device, resolve_dtype, use_device
+from gemma_embed.device import choose_dtype, dtype_name, resolve_device, use_device
 from gemma_embed.engine import Engine, encode_items
 from gemma_embed.errors import DeviceError, ItemError, UsageError
 from gemma_embed.interrupts import Interrupted, stop_on_signals
@@ -46,11 +46,12 @@ class Loaded:
     dtype: torch.dtype
     checkpoint: object
     stages: ModalityStages
+    dtype_reason: str = ""
 
 
 def _load(config: RunConfig, local_rank: int = 0) -> Loaded:
     """What run and plan both need before touching any input: options checked, device, checkpoint, tower."""
-    from gemma_embed.models.loading import resolve_checkpoint
+    from gemma_embed.models.loading import resolve_checkpoint, stored_dtype
 
     try:
         config.check()
@@ -59,9 +60,11 @@ def _load(config: RunConfig, local_rank: int = 0) -> Loaded:
     budget_spec = memory.parse_budget(config.memory_budget)
     device = resolve_device(config.device, local_rank)
     use_device(device)
-    dtype = resolve_dtype(config.dtype, device)
     checkpoint = resolve_checkpoint(config.model, config.revision)
-    return Loaded(budget_spec, device, dtype, checkpoint, build_modality(config, checkpoint, device, dtype))
+    stored = stored_dtype(checkpoint) if config.dtype == "auto" else (None, "")  # auto: the checkpoint's dtype
+    choice = choose_dtype(config.dtype, device, *stored)
+    stages = build_modality(config, checkpoint, device, choice.dtype)
+    return Loaded(budget_spec, device, choice.dtype, checkpoint, stages, choice.reason)
 
 
 def _header(config: RunConfig, loaded: Loaded) -> dict[str, str]:
@@ -72,6 +75,7 @@ def _header(config: RunConfig, loaded: Loaded) -> dict[str, str]:
         space=loaded.stages.space,
         pooling=config.pool,
         compute_dtype=dtype_name(loaded.dtype),
+        dtype_reason=loaded.dtype_reason,
         device=str(loaded.device),
         model_type=getattr(loaded.checkpoint.config, "model_type", ""),
         preprocessing=json.dumps(loaded.stages.preparer.describe()),
@@ -160,7 +164,7 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
             shard_size=config.shard_size,
         )
         sources = distributed.take(found, part)
-        result = RunResult(device=str(loaded.device), dtype=dtype_name(loaded.dtype))
+        result = RunResult(device=str(loaded.device), dtype=dtype_name(loaded.dtype), dtype_reason=loaded.dtype_reason)
         reporter.start(
             str(config.modality) if not part.is_split else f"{config.modality} [{part.index}/{part.count}]", result
         )
@@ -376,6 +380,7 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> dic
         "space": str(loaded.stages.space),
         "device": str(loaded.device),
         "dtype": dtype_name(loaded.dtype),
+        "dtype_reason": loaded.dtype_reason,
         "free_memory": free,
         "total_memory": total,
         "budget": memory.budget(free, total, loaded.budget_spec),

@@ -185,7 +185,7 @@ class Reporter:
                 f"{plan['device']} ({plan['dtype']}); free {human_bytes(plan['free_memory'])} of "
                 f"{human_bytes(plan['total_memory'])}, budget {human_bytes(plan['budget'])}"
             )
-            table.caption = f"chunk = the memory cap; {plan['chunking']}"
+            table.caption = f"chunk = the memory cap; {plan['chunking']}; dtype: {plan.get('dtype_reason', '')}"
             for column in ("length", "units", "cost per unit", "chunk"):
                 table.add_column(column, justify="right")
             for b in plan["buckets"]:

@@ -33,6 +33,7 @@ class RunResult:
     peak_device_memory: int | None = None  # bytes, CUDA only
     device: str = ""
     dtype: str = ""
+    dtype_reason: str = ""  # why this compute dtype (--dtype auto's choice, or the option)
     started: float = field(default_factory=time.monotonic)
     seconds: float = 0.0
 
@@ -88,5 +89,6 @@ class RunResult:
             chunking=self.chunking,
             device=self.device,
             dtype=self.dtype,
+            dtype_reason=self.dtype_reason,
         )
         return record

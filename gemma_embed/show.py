@@ -18,6 +18,7 @@ HEADER_ORDER = (
     "pooling",
     "dtype",
     "compute_dtype",
+    "dtype_reason",
     "device",
     "preprocessing",
     "created_by",

@@ -121,14 +121,18 @@ def build_gemma4(
     audio: bool = True,
     max_shard_size: str | None = None,
     max_soft_tokens: int = 280,
+    dtype: torch.dtype = torch.float32,
     **config_kwargs,
 ) -> Path:
+    """`dtype`: the dtype the weights are stored in (real Gemma 4 checkpoints store bfloat16); `save_pretrained`
+    then writes it as the config's `dtype`, as a real checkpoint's config says it."""
     from transformers import Gemma4ForConditionalGeneration
 
     torch.manual_seed(seed)
     config = tiny_gemma4_config(vision=vision, audio=audio, **config_kwargs)
     model = Gemma4ForConditionalGeneration(config).eval()
-    randomize(model, seed)
+    randomize(model, seed)  # drawn in float32, then rounded once: the same values whatever the stored dtype
+    model = model.to(dtype)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}

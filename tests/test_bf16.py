@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 from audio_helpers import CLIP_SECONDS, write_clips
-from helpers import record_outputs, rel_error, run_images, write_image
+from helpers import record_outputs, reference_image_rows, rel_error, run_images, write_image
 
 import gemma_embed
 from gemma_embed import engine
@@ -275,3 +275,82 @@ def test_audio_clips_in_one_ragged_batch(tmp_path, device, family, gemma4_dir, g
             },
             padded=audio_rows(model, family, features, mask)[0] if n < mask.shape[1] else None,
         )
+
+
+@pytest.fixture(scope="module")
+def bf16_stored_dir(tmp_path_factory):
+    """A Gemma 4 checkpoint stored in bf16, as real ones are (its config says `"dtype": "bfloat16"`)."""
+    from make_tiny_checkpoint import build_gemma4
+
+    return build_gemma4(tmp_path_factory.mktemp("ckpt") / "g4-bf16", seed=6, audio=False, dtype=torch.bfloat16)
+
+
+BF16_CPU = {"avx512_f": True, "amx_tile": True, "amx_bf16": True, "avx512_bf16": True}
+PLAIN_CPU = {"avx512_f": True, "amx_tile": False, "amx_bf16": False, "avx512_bf16": False}
+
+
+def test_auto_runs_a_bf16_checkpoint_in_bf16_like_transformers_auto(
+    tmp_path, device, bf16_stored_dir, image_dir, monkeypatch
+):
+    """--dtype auto on a bf16 checkpoint, on a CPU with bf16 units (this machine kind has AMX; the query is faked
+    so the test takes that path on any CPU) or a GPU with native bf16: the tool computes in bf16, and equals
+    transformers' own `from_pretrained(dtype="auto")`, which also reads bf16 from the checkpoint."""
+    from PIL import Image
+    from transformers import AutoImageProcessor, Gemma4ForConditionalGeneration
+
+    if device == "cpu":
+        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: dict(BF16_CPU))
+    model = Gemma4ForConditionalGeneration.from_pretrained(bf16_stored_dir, dtype="auto").to(device).eval()
+    assert model.dtype == torch.bfloat16  # transformers' own auto
+    processor = AutoImageProcessor.from_pretrained(bf16_stored_dir)
+    calls = record_outputs(monkeypatch, Gemma4VisionTower)
+    out = tmp_path / "o.safetensors"
+    code, records, err = run_images([image_dir], bf16_stored_dir, out, max_soft_tokens=70, device=device)
+    assert code == 0, err
+    summary = records[-1]
+    assert summary["dtype"] == "bfloat16", summary
+    assert "stores bfloat16 (its config's dtype)" in summary["dtype_reason"], summary
+    meta = gemma_embed.read_metadata(out)
+    assert meta["compute_dtype"] == "bfloat16" and meta["dtype_reason"] == summary["dtype_reason"]
+    if device == "cpu":
+        assert "this CPU has bf16 matrix instructions (amx_bf16, avx512_bf16)" in summary["dtype_reason"]
+    in_tool_batches = same_ops_vision(model, calls, device)
+    alone = {fingerprint(units[0].inputs["pixel_values"]) for units, _ in calls if len(units) == 1}
+
+    ours = gemma_embed.load(out)
+    for name in sorted(ours):
+        with Image.open(image_dir / name) as image:
+            processed = processor([image.convert("RGB")], return_tensors="pt", max_soft_tokens=70)
+        pixels, positions = processed["pixel_values"].to(device), processed["image_position_ids"].to(device)
+        n = int((positions != -1).all(dim=-1).sum())
+        alone_rows = vision_rows(model, pixels[:, :n], positions[:, :n])
+        key = fingerprint(pixels[0, :n])
+        check_item(
+            f"auto {name} ({n} patches)",
+            ours[name],
+            alone_rows,
+            alone=key in alone,
+            own={"in the tool's batch vs alone": rel_error(in_tool_batches[key], alone_rows)},
+            padded=vision_rows(model, pixels, positions) if n < pixels.shape[1] else None,
+        )
+
+
+def test_auto_runs_a_bf16_checkpoint_in_float32_on_a_cpu_without_bf16_units(
+    tmp_path, bf16_stored_dir, image_dir, monkeypatch
+):
+    """Without bf16 units bf16 is emulated (0.5x of float32 on such a CPU): auto computes in float32, and every item
+    is within 1e-5 of transformers' float32 per-item reference on the same (bf16-stored) weights."""
+    from transformers import AutoImageProcessor, Gemma4ForConditionalGeneration
+
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: dict(PLAIN_CPU))
+    out = tmp_path / "o.safetensors"
+    code, records, err = run_images([image_dir], bf16_stored_dir, out, max_soft_tokens=70)
+    assert code == 0, err
+    assert records[-1]["dtype"] == "float32", records[-1]
+    assert "this CPU has no bf16 matrix instructions" in records[-1]["dtype_reason"]
+    model = Gemma4ForConditionalGeneration.from_pretrained(bf16_stored_dir, dtype=torch.float32).eval()
+    processor = AutoImageProcessor.from_pretrained(bf16_stored_dir)
+    ours = gemma_embed.load(out)
+    for name in sorted(ours):
+        reference = reference_image_rows(model, processor, image_dir / name, 70)
+        assert rel_error(ours[name], reference) < 1e-5, name

@@ -227,3 +227,21 @@ def test_towers_end_exactly_as_from_pretrained_leaves_them(tower, dtype):
             "gemma3n-audio": {"inv_timescales", "softcap"},
         }
         assert float32 == expected_float32[tower]
+
+
+def test_stored_dtype_is_read_as_transformers_auto_reads_it(tmp_path):
+    """--dtype auto's starting point: the config's `dtype` (an older config's `torch_dtype` too), else the dtype of
+    the stored tower tensors themselves, as transformers' `dtype="auto"` falls back to the weights."""
+    from gemma_embed.models.loading import stored_dtype
+
+    folder = build_gemma4(tmp_path / "bf16", seed=7, audio=False, dtype=torch.bfloat16)
+    assert stored_dtype(resolve_checkpoint(str(folder))) == (torch.bfloat16, "its config's dtype")
+    config = json.loads((folder / "config.json").read_text())
+    config["torch_dtype"] = config.pop("dtype")  # how older configs say it
+    (folder / "config.json").write_text(json.dumps(config))
+    assert stored_dtype(resolve_checkpoint(str(folder))) == (torch.bfloat16, "its config's dtype")
+    del config["torch_dtype"]
+    (folder / "config.json").write_text(json.dumps(config))
+    assert stored_dtype(resolve_checkpoint(str(folder))) == (torch.bfloat16, "its tensors' dtype in model.safetensors")
+    float32 = build_gemma4(tmp_path / "f32", seed=7, audio=False)
+    assert stored_dtype(resolve_checkpoint(str(float32)))[0] == torch.float32

@@ -159,6 +159,38 @@ def resolve_checkpoint(model: str, revision: str | None = None) -> Checkpoint:
     )
 
 
+# safetensors' dtype names for the floating-point dtypes a checkpoint stores.
+STORED_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+TOWER_KEY_PARTS = ("vision_tower.", "audio_tower.", "embed_vision.", "embed_audio.")
+
+
+def stored_dtype(checkpoint: Checkpoint) -> tuple[object, str]:
+    """(dtype, where it was read) of the checkpoint's weights, as transformers' `dtype="auto"` reads it: the config's
+    `dtype` (transformers reads an older config's `torch_dtype` into it), else the stored tensors' own dtype, from
+    the header of the weight file that holds the first floating-point tower tensor (a file the tower is read from
+    anyway). (None, "") when neither says."""
+    import torch
+
+    dtype = getattr(checkpoint.config, "dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    if isinstance(dtype, torch.dtype):
+        return dtype, "its config's dtype"
+    from safetensors import safe_open
+
+    towers_first = sorted(checkpoint.weight_map, key=lambda key: not any(part in key for part in TOWER_KEY_PARTS))
+    for key in towers_first:
+        filename = checkpoint.weight_map[key]
+        try:
+            with safe_open(str(checkpoint.file_for(filename)), framework="pt") as fh:
+                stored = STORED_DTYPES.get(fh.get_slice(key).get_dtype())
+        except OSError as exc:
+            raise CheckpointError(f"{checkpoint.source}: cannot read {filename}: {exc}") from exc
+        if stored is not None:
+            return getattr(torch, stored), f"its tensors' dtype in {filename}"
+    return None, ""
+
+
 def find_prefix(checkpoint: Checkpoint, candidates: Iterable[str]) -> str | None:
     """The first candidate prefix under which the checkpoint stores any tensor."""
     keys = checkpoint.weight_map.keys()
