@@ -266,8 +266,7 @@ class RunConfig:
     )
     dtype: Dtype = option(
         Dtype.auto,
-        "auto (the checkpoint's dtype if the device computes it natively, else float32), "
-        "float32, bfloat16, float16.",
+        "auto (the checkpoint's dtype if the device computes it natively, else float32), float32, bfloat16, float16.",
         commands=EMBED + PLAN,
         panel=MODEL,
         metavar="DTYPE",
