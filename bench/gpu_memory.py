@@ -4,8 +4,8 @@
                                [--vision-hidden 768 --vision-layers 16] [--memory-budget auto] [--batch-size N]
 
 Builds a random Gemma 4 checkpoint whose vision tower has the real size by default (hidden 768, intermediate
-3072, 16 layers, 12 heads: 167M parameters), writes images of twelve aspect ratios, runs `pipeline.run` once per
-soft-token budget, and prints per bucket (patch count):
+3072, 16 layers, 12 heads: 167M parameters), stored in bf16 as real ones are; writes images of twelve aspect ratios,
+runs `pipeline.run` once per soft-token budget, and prints per bucket (patch count):
 - units, the budget the planner had for it, the modelled cost per unit, the memory cap on the chunk;
 - the chunk sizes the engine ran and the one the tuner chose for the bucket's length class;
 - the largest chunk's measured transient (peak allocated during the chunk less what was allocated before it) against
@@ -177,6 +177,7 @@ def main() -> int:
             vision_heads=heads,
             vision_intermediate=4 * args.vision_hidden,
             position_embedding_size=10240,
+            dtype=torch.bfloat16,  # stored as real Gemma 4 checkpoints are: --dtype auto runs it in bf16 on a GPU
         )
         make_images(tmp / "images", args.images)
         name = torch.cuda.get_device_name(args.device) if torch.device(args.device).type == "cuda" else "cpu"

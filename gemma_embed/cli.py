@@ -166,12 +166,12 @@ def _require_input(config: RunConfig) -> None:
 
 
 def _embed(config: RunConfig) -> None:
-    from gemma_embed.hostmem import pin_mmap_threshold
+    from gemma_embed.hostmem import configure_for_long_runs
     from gemma_embed.pipeline import run
     from gemma_embed.progress import Reporter
 
     _require_input(config)
-    pin_mmap_threshold()  # keeps peak memory flat over long runs (see hostmem.py)
+    configure_for_long_runs()  # flat peak memory over long runs, CPU forwards without page faults (hostmem.py)
     reporter = Reporter(quiet=config.quiet, jsonl=config.jsonl, debug=config.debug)
     try:
         result = run(config, reporter)

@@ -3,13 +3,14 @@ with out-of-memory back-off, and give every item its rows back."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from gemma_embed import memory
+from gemma_embed import hostmem, memory
 from gemma_embed.batching import Group, exact_buckets, ragged_groups
 from gemma_embed.device import DeviceOps
 from gemma_embed.errors import DeviceError, ItemError
@@ -116,7 +117,9 @@ class Engine:
         self._peak = max(self._peak, ops.peak() or 0)
         ops.reset_peak()
         before = ops.allocated()
-        with torch.inference_mode():
+        # On the CPU the forward's activations are host memory: reused from the heap, not faulted in (hostmem.py).
+        heap = hostmem.heap_only() if self.tower.device.type == "cpu" else contextlib.nullcontext()
+        with heap, torch.inference_mode():
             on_device = self.tower.encode(batch, self.space)
             rows = on_device.to("cpu")
             del on_device
