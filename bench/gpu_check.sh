@@ -11,7 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, whatever is installed
 
-SECTIONS=(device equivalence memory)
+SECTIONS=(device equivalence memory release)
 
 describe_device() {
     echo "The GPU: name, compute capability, memory, torch and CUDA versions; whether it computes bf16 natively"
@@ -59,6 +59,18 @@ describe_memory() {
 run_memory() {
     python -m bench.gpu_memory --device cuda &&
         python -m bench.gpu_memory --device cuda --memory-budget 1GiB --batch-size 64
+}
+
+describe_release() {
+    echo "Speed at release size in bf16: python -m bench.bench_release on a random vision tower of the real size"
+    echo "(hidden 768, 16 layers, 167M parameters, stored bf16), 32 images at each of 70, 280 and 1120 soft tokens"
+    echo "and a video clip: gemma-embed against the per-item reference loop (processor + get_image_features per"
+    echo "file) and against the bare tower (inputs prepared beforehand): items/s, patches/s, the share of the GPU's"
+    echo "bf16 matmul rate, the tool/reference ratio and the tool's share of the bare tower. One round: about"
+    echo "2 minutes on an H200 (estimated, not yet run on one)."
+}
+run_release() {
+    python -m bench.bench_release --device cuda --dtypes bfloat16 --images 32 --rounds 1 --no-auto
 }
 
 dry_run=0

@@ -15,9 +15,10 @@ SCRIPT = ROOT / "bench" / "gpu_check.sh"
 def test_dry_run_says_what_each_section_measures():
     proc = subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    for section in ("[device]", "[equivalence]", "[memory]"):
+    for section in ("[device]", "[equivalence]", "[memory]", "[release]"):
         assert section in proc.stdout
-    for promise in ("including_emulation=False", "pytest -m gpu", "bit-identical", "chunk the tuner chose", "budget"):
+    promises = ("including_emulation=False", "pytest -m gpu", "bit-identical", "chunk the tuner chose", "budget")
+    for promise in (*promises, "bare tower"):
         assert promise in proc.stdout, promise
     only = subprocess.run(["bash", str(SCRIPT), "--dry-run", "memory"], capture_output=True, text=True, timeout=60)
     assert "[memory]" in only.stdout and "[device]" not in only.stdout
