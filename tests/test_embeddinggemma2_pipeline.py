@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from helpers import EXE, ROOT, record_batches, rel_error, run_images, spy_tensor_reads
+from helpers import ROOT, record_batches, rel_error, run_images, spy_tensor_reads
 
 import gemma_embed
 from gemma_embed.models.embeddinggemma2 import EmbeddingGemma2TextTower
@@ -149,7 +149,14 @@ def test_a_text_run_reads_no_tower_tensor_and_an_image_run_no_audio_tensor(tmp_p
 
 
 def _cli(*args, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([EXE, *map(str, args)], input=stdin, capture_output=True, text=True, timeout=300)
+    """The command in this process (CliRunner): the search tests make and query 10 indexes, and a fresh process
+    costs ~4 s of imports each. The installed command's own process is tested in test_cli.py."""
+    from typer.testing import CliRunner
+
+    from gemma_embed.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args], input=stdin)
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
 
 
 def test_search_finds_the_item_a_query_repeats_in_every_form(tmp_path):
