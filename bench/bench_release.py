@@ -121,6 +121,7 @@ def child_reference(ckpt: str, folder: str, budget: str, dtype: str, device: str
         processor = (AutoVideoProcessor if video else AutoImageProcessor).from_pretrained(ckpt)
     files = sorted(Path(folder).iterdir())
     indices = {str(f): _video_indices(str(f)) for f in files} if video else {}
+    patches = []  # real (unpadded) patches of each image or frame: what every side encodes
     with Timer() as embed:
         for file in files:
             if video:
@@ -135,6 +136,7 @@ def child_reference(ckpt: str, folder: str, budget: str, dtype: str, device: str
                     video_position_ids=inputs["video_position_ids"],
                     num_frames_per_video=inputs["num_frames_per_video"],
                 )
+                positions = inputs["video_position_ids"].reshape(-1, *inputs["video_position_ids"].shape[-2:])
             else:
                 with Image.open(file) as img:
                     image = ImageOps.exif_transpose(img).convert("RGB")
@@ -142,13 +144,21 @@ def child_reference(ckpt: str, folder: str, budget: str, dtype: str, device: str
                 out = model.get_image_features(
                     pixel_values=inputs["pixel_values"], image_position_ids=inputs["image_position_ids"]
                 )
+                positions = inputs["image_position_ids"]
             out.pooler_output[0].float().cpu()  # the rows on the host, as the tool's: waits for a GPU
-    return {"load_s": load.seconds, "embed_s": embed.seconds, "items": len(files), "peak_rss": peak_rss()}
+            patches += [int(n) for n in (positions[..., 0] >= 0).sum(dim=-1)]  # padding positions are -1
+    return {
+        "load_s": load.seconds,
+        "embed_s": embed.seconds,
+        "items": len(files),
+        "peak_rss": peak_rss(),
+        "patches": sum(patches),
+        "patches_per_image": patches,
+    }
 
 
 def child_bare(ckpt: str, folder: str, budget: str, dtype: str, device: str) -> dict:
-    """The tower alone: inputs prepared before the clock starts, one image a call. Also counts the real (unpadded)
-    patches every side encodes at this budget."""
+    """The tower alone: inputs prepared before the clock starts, one image a call."""
     import torch
     from PIL import Image, ImageOps
     from transformers import AutoImageProcessor
@@ -160,7 +170,6 @@ def child_bare(ckpt: str, folder: str, budget: str, dtype: str, device: str) -> 
         with Image.open(file) as img:
             image = ImageOps.exif_transpose(img).convert("RGB")
         prepared.append(processor([image], return_tensors="pt", max_soft_tokens=int(budget)).to(device))
-    patches = sum(int((p["image_position_ids"][0, :, 0] >= 0).sum()) for p in prepared)
     call = lambda p: model.get_image_features(  # noqa: E731
         pixel_values=p["pixel_values"], image_position_ids=p["image_position_ids"]
     )
@@ -168,7 +177,7 @@ def child_bare(ckpt: str, folder: str, budget: str, dtype: str, device: str) -> 
     with Timer() as embed:
         for p in prepared:
             call(p).pooler_output[0].float().cpu()
-    return {"embed_s": embed.seconds, "items": len(prepared), "patches": patches, "threads": torch.get_num_threads()}
+    return {"embed_s": embed.seconds, "items": len(prepared), "threads": torch.get_num_threads()}
 
 
 def child_ours(ckpt: str, folder: str, budget: str, dtype: str, device: str, out: str) -> dict:
@@ -254,20 +263,19 @@ def median(values: list[float]) -> float:
 
 
 def run_case(ckpt: Path, folder: Path, budget: str, dtype: str, device: str, rounds: int, out: Path) -> dict:
-    """Reference and tool alternated over rounds (the first side alternates too); each side's best round, and the
-    median of the per-round ratios."""
-    refs, ours, ratios = [], [], []
+    """Reference, tool and (for images) bare tower, each round in a rotated order; each side's best round, and the
+    medians of the per-round ratios: reference/tool time (`ratios`) and bare/tool time (`shares`: the tool's
+    patches/s as a share of the bare tower's)."""
+    sides = ["reference", "ours"] + ([] if budget == "video" else ["bare"])
+    runs: dict[str, list] = {side: [] for side in sides}
     for round_ in range(rounds):
-        order = ("reference", "ours") if round_ % 2 == 0 else ("ours", "reference")
-        runs = {}
-        for side in order:
+        for side in sides[round_ % len(sides) :] + sides[: round_ % len(sides)]:
             args = [str(ckpt), str(folder), budget, dtype, device, *([str(out)] if side == "ours" else [])]
-            runs[side] = run_child("bench_release", "--child", side, *args)
-        refs.append(runs["reference"])
-        ours.append(runs["ours"])
-        ratios.append(runs["reference"]["embed_s"] / runs["ours"]["embed_s"])
-    best = lambda rs: min(rs, key=lambda r: r["embed_s"])  # noqa: E731
-    return {"reference": best(refs), "ours": best(ours), "ratio": median(ratios), "ratios": ratios}
+            runs[side].append(run_child("bench_release", "--child", side, *args))
+    ratios = [r["embed_s"] / o["embed_s"] for r, o in zip(runs["reference"], runs["ours"], strict=True)]
+    shares = [b["embed_s"] / o["embed_s"] for b, o in zip(runs.get("bare", []), runs["ours"], strict=False)]
+    best = {side: min(rs, key=lambda r: r["embed_s"]) for side, rs in runs.items()}
+    return {**best, "ratio": median(ratios), "ratios": ratios, "shares": shares}
 
 
 def main() -> int:
@@ -325,22 +333,13 @@ def main() -> int:
         cases = [str(b) for b in budgets] + ([] if args.no_video else ["video"])
         for case in cases:
             for dtype in dtypes:
-                if case != "video":
-                    bare = run_child(
-                        "bench_release", "--child", "bare", str(ckpt), str(folders[case]), case, dtype, args.device
-                    )
-                    patches = bare["patches"]
-                    per_image = bare["patches"] / bare["items"]  # FLOPs from the mean patch count: within 1%
-                    flops = image_flops([per_image] * bare["items"])
-                else:
-                    bare = None
-                    frames, per_frame = MAX_FRAMES, 630  # 70 soft tokens a frame = 630 patches (3x3 pooling)
-                    patches = frames * per_frame
-                    flops = image_flops([per_frame] * frames)
                 result = run_case(ckpt, folders[case], case, dtype, args.device, rounds, tmp / "out.safetensors")
-                rows = [("reference", result["reference"]), ("gemma-embed", result["ours"])]
-                if bare:
-                    rows.append(("bare tower", bare))
+                reference = result["reference"]
+                patches = reference["patches"]
+                flops = image_flops(reference["patches_per_image"])
+                rows = [("reference", reference), ("gemma-embed", result["ours"])]
+                if "bare" in result:
+                    rows.append(("bare tower", result["bare"]))
                 for side, r in rows:
                     seconds = r["embed_s"]
                     print(
@@ -348,7 +347,9 @@ def main() -> int:
                         f"{patches / seconds:>9.0f} {100 * flops / seconds / rates[dtype]:>8.1f}% "
                         + (f"{r['peak_rss'] / 2**20:>7.0f}M" if "peak_rss" in r else f"{'':>8}")
                     )
-                share = f"; tool at {bare['embed_s'] / result['ours']['embed_s']:.0%} of the bare tower" if bare else ""
+                shares = result["shares"]
+                each = ", ".join(f"{x:.0%}" for x in shares)
+                share = f"; tool at {median(shares):.0%} of the bare tower (median of {each})" if shares else ""
                 print(
                     f"{case:>9} {dtype:>8} {'ratio':>11} tool {result['ratio']:.2f}x the reference (median of "
                     f"{', '.join(f'{x:.2f}' for x in result['ratios'])}){share}; chunking {result['ours']['chunking']}",

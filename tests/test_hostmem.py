@@ -43,4 +43,3 @@ def test_heap_only_reuses_freed_activations_instead_of_faulting_in_fresh_pages()
     assert counts["pinned"] > 0.9 * 8 * block, counts
     # Inside heap_only() the first block grows the heap and the seven after it reuse it.
     assert counts["heap_only"] < 1.5 * block, counts
-
