@@ -21,9 +21,9 @@ Every side runs in its own fresh process (peak RSS is its own) and the sides alt
 shared machine slows whichever runs during a burst. Tool and reference see the same files.
 
 FLOPs are counted from the shapes (per patch and layer: 2 x (4 D^2 + 3 D I) for the projections and the gated MLP,
-plus 4 N D for attention over N patches), so "of matmul" is achieved FLOP/s over the measured GEMM rate in the
-same dtype. The full run takes about 25 minutes on a 2-core Xeon with AMX; `--quick` (1 round, fewer images)
-about 8.
+plus 4 N D for attention over N patches), so "of matmul" is achieved FLOP/s over the GEMM rate in the same dtype
+that the same process measured just before its timed part (`matmul_rate`). The full run takes about 35 minutes on
+a 2-core Xeon with AMX; `--quick` (1 round, fewer images) about 8.
 """
 
 from __future__ import annotations
@@ -122,6 +122,7 @@ def child_reference(ckpt: str, folder: str, budget: str, dtype: str, device: str
     files = sorted(Path(folder).iterdir())
     indices = {str(f): _video_indices(str(f)) for f in files} if video else {}
     patches = []  # real (unpadded) patches of each image or frame: what every side encodes
+    limit = matmul_rate(_torch_dtype(dtype), device)
     with Timer() as embed:
         for file in files:
             if video:
@@ -154,6 +155,7 @@ def child_reference(ckpt: str, folder: str, budget: str, dtype: str, device: str
         "peak_rss": peak_rss(),
         "patches": sum(patches),
         "patches_per_image": patches,
+        "matmul": limit,
     }
 
 
@@ -173,11 +175,12 @@ def child_bare(ckpt: str, folder: str, budget: str, dtype: str, device: str) -> 
     call = lambda p: model.get_image_features(  # noqa: E731
         pixel_values=p["pixel_values"], image_position_ids=p["image_position_ids"]
     )
-    call(prepared[0])  # first-call costs (oneDNN primitive creation) out of the timing, as the tool's runs warm
+    call(prepared[0])  # first-call costs (oneDNN primitive creation) out of the timing
+    limit = matmul_rate(_torch_dtype(dtype), device)
     with Timer() as embed:
         for p in prepared:
             call(p).pooler_output[0].float().cpu()
-    return {"embed_s": embed.seconds, "items": len(prepared), "threads": torch.get_num_threads()}
+    return {"embed_s": embed.seconds, "items": len(prepared), "threads": torch.get_num_threads(), "matmul": limit}
 
 
 def child_ours(ckpt: str, folder: str, budget: str, dtype: str, device: str, out: str) -> dict:
@@ -189,7 +192,8 @@ def child_ours(ckpt: str, folder: str, budget: str, dtype: str, device: str, out
     from gemma_embed.pipeline import run
     from gemma_embed.progress import Reporter
 
-    configure_for_long_runs()
+    limit = matmul_rate(_torch_dtype("float32" if dtype == "auto" else dtype), device)  # before the settings below
+    configure_for_long_runs()  # (pinned, each product's output would be a fresh mmap faulted in)
     video = budget == "video"
     options = {"max_frames": MAX_FRAMES} if video else {"max_soft_tokens": int(budget)}
     config = RunConfig(
@@ -214,6 +218,7 @@ def child_ours(ckpt: str, folder: str, budget: str, dtype: str, device: str, out
         "dtype": summary["dtype"],
         "dtype_reason": summary.get("dtype_reason", ""),
         "chunking": summary.get("chunking"),
+        "matmul": limit,
     }
 
 
@@ -231,7 +236,9 @@ def cpu_name() -> str:
 
 
 def matmul_rate(dtype, device: str = "cpu", m: int = 2304, k: int = 768, n: int = 3072, seconds: float = 1.0) -> float:
-    """FLOP/s of (m x k) @ (k x n): the tower's MLP up-projection over a 280-token image's patches."""
+    """FLOP/s of (m x k) @ (k x n): the tower's MLP up-projection over a 280-token image's patches. Every child
+    measures it just before its timed part, because this machine's rate drifts by up to 2x within minutes (float32
+    294 then 411 GFLOP/s, bf16 1664 then 3368, half an hour apart)."""
     import torch
 
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
@@ -315,9 +322,9 @@ def main() -> int:
             f"bf16 units: {', '.join(cpu_bf16_units()) or 'none'}"
         )
     print(
-        "# matmul 2304x768 @ 768x3072: "
+        "# matmul 2304x768 @ 768x3072 now: "
         + ", ".join(f"{name} {rate / 1e9:.0f} GFLOP/s" for name, rate in rates.items())
-        + f"; {rounds} round(s), sides alternated"
+        + f" (each side's share below is of the rate its own process measured); {rounds} round(s), sides rotated"
     )
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -344,7 +351,7 @@ def main() -> int:
                     seconds = r["embed_s"]
                     print(
                         f"{case:>9} {dtype:>8} {side:>11} {r['items']:>5} {r['items'] / seconds:>8.2f} "
-                        f"{patches / seconds:>9.0f} {100 * flops / seconds / rates[dtype]:>8.1f}% "
+                        f"{patches / seconds:>9.0f} {100 * flops / seconds / r['matmul']:>8.1f}% "
                         + (f"{r['peak_rss'] / 2**20:>7.0f}M" if "peak_rss" in r else f"{'':>8}")
                     )
                 shares = result["shares"]
