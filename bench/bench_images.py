@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import Timer, emit, peak_rss, run_child
+from bench.common import Timer, emit, peak_rss, run_child, run_tool
 
 ASPECTS = [
     (640, 480),
@@ -75,7 +75,6 @@ def child_ours(
 
     from gemma_embed import pipeline
     from gemma_embed.config import RunConfig
-    from gemma_embed.pipeline import run
 
     pipeline.OVERLAP_ON_CPU = overlap == "on"
 
@@ -89,18 +88,7 @@ def child_ours(
         overwrite=True,
         max_soft_tokens=budget,
     )
-    with Timer() as total:
-        result = run(config)
-    summary = result.summary()
-    assert result.failed == 0, summary
-    # The summary's seconds cover sources..write; the rest of `total` is checkpoint loading.
-    return {
-        "load_s": total.seconds - summary["seconds"],
-        "embed_s": summary["seconds"],
-        "items": summary["ok"],
-        "peak_rss": peak_rss(),
-        "chunking": summary.get("chunking"),
-    }
+    return run_tool(config)
 
 
 def compare(

@@ -22,7 +22,7 @@ shared machine slows whichever runs during a burst. Tool and reference see the s
 
 FLOPs are counted from the shapes (per patch and layer: 2 x (4 D^2 + 3 D I) for the projections and the gated MLP,
 plus 4 N D for attention over N patches), so "of matmul" is achieved FLOP/s over the GEMM rate in the same dtype
-that the same process measured just before its timed part (`matmul_rate`). The full run takes about 35 minutes on
+that the same process measured just before its timed part (`matmul_rate`). The full run took 29 minutes on
 a 2-core Xeon with AMX; `--quick` (1 round, fewer images) about 8.
 """
 
@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Timer, emit, peak_rss, run_child
+from bench.common import Timer, emit, peak_rss, run_child, run_tool
 
 RELEASE_VISION = dict(
     vision_hidden=768, vision_layers=16, vision_heads=12, vision_intermediate=3072, position_embedding_size=10240
@@ -185,12 +185,9 @@ def child_bare(ckpt: str, folder: str, budget: str, dtype: str, device: str) -> 
 
 def child_ours(ckpt: str, folder: str, budget: str, dtype: str, device: str, out: str) -> dict:
     """gemma-embed through its library entry, with the host-memory settings its CLI makes (hostmem.py)."""
-    import io
 
     from gemma_embed.config import RunConfig
     from gemma_embed.hostmem import configure_for_long_runs
-    from gemma_embed.pipeline import run
-    from gemma_embed.progress import Reporter
 
     limit = matmul_rate(_torch_dtype("float32" if dtype == "auto" else dtype), device)  # before the settings below
     configure_for_long_runs()  # (pinned, each product's output would be a fresh mmap faulted in)
@@ -206,20 +203,7 @@ def child_ours(ckpt: str, folder: str, budget: str, dtype: str, device: str, out
         overwrite=True,
         **options,
     )
-    with Timer() as total:
-        result = run(config, Reporter(quiet=True, stdout=io.StringIO()))
-    summary = result.summary()
-    assert result.failed == 0, summary
-    return {
-        "load_s": total.seconds - summary["seconds"],
-        "embed_s": summary["seconds"],
-        "items": summary["ok"],
-        "peak_rss": peak_rss(),
-        "dtype": summary["dtype"],
-        "dtype_reason": summary.get("dtype_reason", ""),
-        "chunking": summary.get("chunking"),
-        "matmul": limit,
-    }
+    return {**run_tool(config), "matmul": limit}
 
 
 CHILDREN = {"reference": child_reference, "bare": child_bare, "ours": child_ours}

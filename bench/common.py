@@ -59,5 +59,25 @@ class Timer:
         self.seconds = time.perf_counter() - self.start
 
 
+def run_tool(config) -> dict:
+    """One gemma-embed run through its library entry (silent): its load and embed seconds (the summary's seconds
+    cover sources..write; the rest of the call is loading), items, peak RSS, compute dtype and why, chunking."""
+    from gemma_embed.pipeline import run
+
+    with Timer() as total:
+        result = run(config)
+    summary = result.summary()
+    assert result.failed == 0, summary
+    return {
+        "load_s": total.seconds - summary["seconds"],
+        "embed_s": summary["seconds"],
+        "items": summary["ok"],
+        "peak_rss": peak_rss(),
+        "dtype": summary["dtype"],
+        "dtype_reason": summary.get("dtype_reason", ""),
+        "chunking": summary.get("chunking"),
+    }
+
+
 def emit(record: dict) -> None:
     print(json.dumps(record), flush=True)

@@ -51,7 +51,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 # CPU flags of bf16 matrix instructions: AMX tiles (Sapphire Rapids and later) and AVX512-BF16 dot products
 # (Cooper Lake, Zen 4 and later), which oneDNN's bf16 kernels use. Without them torch computes bf16 by converting
-# to float32 and back. On a 2-core Xeon with both flags a release-size vision tower ran 2.5-3.6x faster in bf16
+# to float32 and back. On a 2-core Xeon with both flags a release-size vision tower ran 2.4-2.9x faster in bf16
 # than in float32; on machines of the same kind without them bf16 ran at 0.5x (bench/README.md).
 CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 PROC_CPUINFO = Path("/proc/cpuinfo")
