@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import safetensors
 import torch
-from helpers import ROOT, record_batches
+from helpers import ROOT, record_batches, spy_tensor_reads
 
 from gemma_embed.engine import Engine
 from gemma_embed.errors import CheckpointError, ItemError, UsageError
@@ -317,29 +317,7 @@ def test_placeholder_ids_come_from_the_config(stages):
 @pytest.fixture
 def read_keys(monkeypatch):
     """Every tensor key read through safetensors.safe_open, in order."""
-    keys: list[str] = []
-    real_open = safetensors.safe_open
-
-    class Spy:
-        def __init__(self, handle):
-            self.handle = handle
-
-        def __enter__(self):
-            self.handle.__enter__()
-            return self
-
-        def __exit__(self, *exc):
-            return self.handle.__exit__(*exc)
-
-        def get_tensor(self, key):
-            keys.append(key)
-            return self.handle.get_tensor(key)
-
-        def __getattr__(self, name):
-            return getattr(self.handle, name)
-
-    monkeypatch.setattr(safetensors, "safe_open", lambda *a, **k: Spy(real_open(*a, **k)))
-    return keys
+    return spy_tensor_reads(monkeypatch)
 
 
 TOWER_PREFIXES = ("vision_tower.", "embed_vision.", "audio_tower.", "embed_audio.")
