@@ -34,6 +34,18 @@ def file_facts(path: str) -> dict:
     return {"bytes": st.st_size, "mtime": st.st_mtime, "sha256": digest.hexdigest()}
 
 
+def refuse_nothing_to_decode(content: str | bytes, what: str, error: type[Exception]) -> None:
+    """The checks audio and video decoding make before opening anything: a folder, or no bytes at all, is a
+    one-line `error` (`what`: "an audio file", "a video file")."""
+    if isinstance(content, str):
+        if os.path.isdir(content):
+            raise error(f"is a directory, not {what}")
+        if os.path.getsize(content) == 0:
+            raise error("empty file (0 bytes)")
+    elif len(content) == 0:
+        raise error("empty (0 bytes)")
+
+
 def ffmpeg_extensions(formats: tuple[str, ...], leave_out: frozenset[str] = frozenset()) -> set[str]:
     """The file extensions FFmpeg (through PyAV) registers for these formats, demuxer and muxer of each name
     (a demuxer often lists none and relies on probing: WAV, ASF, MPEG-TS), less `leave_out`."""

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gemma_embed.media import OPEN_TIMEOUT_S, as_file, content_extension, ffmpeg_extensions
+from gemma_embed.media import (
+    OPEN_TIMEOUT_S,
+    as_file,
+    content_extension,
+    ffmpeg_extensions,
+    refuse_nothing_to_decode,
+)
 
 BLOCK_FRAMES = 1 << 16  # source frames per block read from soundfile
 # FFmpeg's audio formats (PyAV names) whose extensions are walked for audio, beside the video containers (for
@@ -237,13 +243,7 @@ def _planar_float(frame) -> np.ndarray:
 def decode_audio(content: str | bytes, sample_rate: int = 16_000) -> DecodedAudio:
     """Mono float32 samples at `sample_rate` from an audio file (a path) or its bytes; AudioDecodeError with a
     one-line reason otherwise."""
-    if isinstance(content, str):
-        if os.path.isdir(content):
-            raise AudioDecodeError("is a directory, not an audio file")
-        if os.path.getsize(content) == 0:
-            raise AudioDecodeError("empty file (0 bytes)")
-    elif len(content) == 0:
-        raise AudioDecodeError("empty (0 bytes)")
+    refuse_nothing_to_decode(content, "an audio file", AudioDecodeError)
     info = _soundfile_info(content) if _for_soundfile(content) else None
     if info is not None and not isinstance(content, str) and not content_extension(content):
         info = None if info.format in ("MP3", "MPEG") else info  # nameless mp3 goes to PyAV, as an .mp3 file does

@@ -28,7 +28,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from gemma_embed.media import MAX_PIXELS, OPEN_TIMEOUT_S, as_file, ffmpeg_extensions
+from gemma_embed.media import MAX_PIXELS, OPEN_TIMEOUT_S, as_file, ffmpeg_extensions, refuse_nothing_to_decode
 
 # Seconds one file may spend in probing + decoding before it is given up (pathological or huge files).
 DECODE_TIME_LIMIT_S = 300.0
@@ -448,13 +448,7 @@ def decode_video(
 ) -> DecodedVideo:
     """Sample and decode the frames of a video file (a path) or of a video's bytes per `policy`; raise
     VideoDecodeError with a one-line reason."""
-    if isinstance(content, str):
-        if os.path.isdir(content):
-            raise VideoDecodeError("is a directory, not a video file")
-        if os.path.getsize(content) == 0:
-            raise VideoDecodeError("empty file")
-    elif len(content) == 0:
-        raise VideoDecodeError("empty (0 bytes)")
+    refuse_nothing_to_decode(content, "a video file", VideoDecodeError)
     deadline = _Deadline(time_limit_s)
     with _open(content) as container:
         stream = _video_stream(container)
