@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -247,12 +248,6 @@ def image_flops(patches_per_image: list[int]) -> float:
     return sum(n * flops_per_patch(n) for n in patches_per_image)
 
 
-def median(values: list[float]) -> float:
-    import statistics
-
-    return statistics.median(values)
-
-
 def run_case(ckpt: Path, folder: Path, budget: str, dtype: str, device: str, rounds: int, out: Path) -> dict:
     """Reference, tool and (for images) bare tower, each round in a rotated order; each side's best round, and the
     medians of the per-round ratios: reference/tool time (`ratios`) and bare/tool time (`shares`: the tool's
@@ -266,7 +261,7 @@ def run_case(ckpt: Path, folder: Path, budget: str, dtype: str, device: str, rou
     ratios = [r["embed_s"] / o["embed_s"] for r, o in zip(runs["reference"], runs["ours"], strict=True)]
     shares = [b["embed_s"] / o["embed_s"] for b, o in zip(runs.get("bare", []), runs["ours"], strict=False)]
     best = {side: min(rs, key=lambda r: r["embed_s"]) for side, rs in runs.items()}
-    return {**best, "ratio": median(ratios), "ratios": ratios, "shares": shares}
+    return {**best, "ratio": statistics.median(ratios), "ratios": ratios, "shares": shares}
 
 
 def main() -> int:
@@ -340,7 +335,8 @@ def main() -> int:
                     )
                 shares = result["shares"]
                 each = ", ".join(f"{x:.0%}" for x in shares)
-                share = f"; tool at {median(shares):.0%} of the bare tower (median of {each})" if shares else ""
+                middle = statistics.median(shares) if shares else 0
+                share = f"; tool at {middle:.0%} of the bare tower (median of {each})" if shares else ""
                 print(
                     f"{case:>9} {dtype:>8} {'ratio':>11} tool {result['ratio']:.2f}x the reference (median of "
                     f"{', '.join(f'{x:.2f}' for x in result['ratios'])}){share}; chunking {result['ours']['chunking']}",
@@ -362,7 +358,7 @@ def main() -> int:
             print(
                 f"# --dtype auto vs --dtype float32, {auto['items']} images at 140 tokens: auto ran {auto['dtype']} "
                 f"({auto['dtype_reason']}); {auto['items'] / auto['embed_s']:.2f} vs "
-                f"{fp32['items'] / fp32['embed_s']:.2f} images/s, {median(ratios):.2f}x (median of "
+                f"{fp32['items'] / fp32['embed_s']:.2f} images/s, {statistics.median(ratios):.2f}x (median of "
                 f"{', '.join(f'{x:.2f}' for x in ratios)}); chunking {auto['chunking']}"
             )
         print(f"# {time.perf_counter() - started:.0f} s in all", file=sys.stderr)
