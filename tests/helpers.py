@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "samples"))
+# The command line run as a subprocess imports this checkout's package (a worktree's, not the editable install's);
+# in-process, pytest's `pythonpath` setting (pyproject.toml) puts the checkout and samples/ first.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 SAMPLE_MODEL = ROOT / "samples" / "tiny-gemma4"
 EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
