@@ -160,20 +160,18 @@ def profiled_peak(fn) -> int:
 
 def cost_model_check(folder: Path, family: str, seconds: float, batch: int) -> tuple[int, int]:
     """(profiled peak, modelled cost) of one tower forward over `batch` clips of `seconds`."""
-    from gemma_embed.config import RunConfig
+    from gemma_embed.embedder import Embedder
     from gemma_embed.media.audio import DecodedAudio
-    from gemma_embed.modalities import build_modality
-    from gemma_embed.models.loading import resolve_checkpoint
 
-    config = RunConfig(modality="audio", inputs=(), model=str(folder), device="cpu")
-    stages = build_modality(config, resolve_checkpoint(str(folder)), torch.device("cpu"), torch.float32)
+    stages = Embedder(folder, device="cpu", dtype="float32").load("audio").stages
+    tower = stages.chain[0].tower
     samples = (0.1 * np.random.default_rng(0).standard_normal(int(seconds * RATE))).astype(np.float32)
     unit = stages.preparer.prepare(DecodedAudio(samples, RATE, RATE, 1, "bench")).units[0]
     units = [unit] * batch
     with torch.inference_mode():
-        stages.tower.encode(units, "language")  # warm-up: first-call allocations are not the steady state
-        peak = profiled_peak(lambda: stages.tower.encode(units, "language"))
-    return peak, batch * stages.tower.unit_cost(unit.length)
+        tower.encode(units, "language")  # warm-up: first-call allocations are not the steady state
+        peak = profiled_peak(lambda: tower.encode(units, "language"))
+    return peak, batch * tower.unit_cost(unit.length)
 
 
 # ------------------------------------------------------------------------------------------- main

@@ -73,6 +73,7 @@ def run_tool(ckpt: Path, videos: list[Path], out: Path, device: str, dtype: str,
     import gemma_embed.models.loading as loading
     from gemma_embed import pipeline
     from gemma_embed.config import RunConfig
+    from gemma_embed.embedder import Embedder
     from gemma_embed.models.gemma4 import Gemma4VideoPreparer, Gemma4VisionTower
     from gemma_embed.progress import Reporter
 
@@ -81,7 +82,7 @@ def run_tool(ckpt: Path, videos: list[Path], out: Path, device: str, dtype: str,
         (video_module, "decode_video", "decode", False),
         (Gemma4VideoPreparer, "prepare", "prepare", False),
         (Gemma4VisionTower, "encode", "encode", True),
-        (pipeline, "build_modality", "setup", False),
+        (Embedder, "load", "setup", False),
         (loading, "resolve_checkpoint", "setup", False),
     ]
     restore = [(owner, name, timer.wrap(owner, name, label, waits)) for owner, name, label, waits in wrapped]

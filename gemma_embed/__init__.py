@@ -1,6 +1,11 @@
 """gemma-embed: Gemma encoder-tower embeddings for large piles of media.
 
-From Python, describe a run with `RunConfig` (the same options as the command line, same defaults) and call
+In memory, `Embedder(model).embed(inputs)` gives each input's rows (or an `ItemError`) and `.encode(inputs)` an
+[N, D] array, as `SentenceTransformer.encode` does:
+
+    vectors = gemma_embed.Embedder("google/embeddinggemma-2").encode(["a photo of a cat"], prompt_name="query")
+
+For files to an output, describe a run with `RunConfig` (the same options as the command line, same defaults) and call
 `run`; it returns a `RunResult`. Read outputs with `load`, `iter_items` and `read_metadata`:
 
     import gemma_embed
@@ -26,6 +31,7 @@ FORMAT = "gemma-embed/1"
 # The library face. Names are resolved on first use: the runner and reader import torch, and
 # `import gemma_embed` (so `gemma-embed --help`) must stay instant.
 _LAZY = {
+    "Embedder": "gemma_embed.embedder",
     "run": "gemma_embed.pipeline",
     "RunConfig": "gemma_embed.config",
     "RunResult": "gemma_embed.result",

@@ -75,7 +75,7 @@ def _paths(command: str) -> inspect.Parameter:
 
 
 def _callback(spec):
-    """Typer callback: run the option's parser and check, turning their ValueError into a usage error."""
+    """Typer callback: the option's value parsed (once, here) and checked, a ValueError becoming a usage error."""
 
     def callback(value):
         try:
@@ -84,7 +84,7 @@ def _callback(spec):
                 spec.check(parsed)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
-        return value
+        return parsed
 
     return callback
 
@@ -128,17 +128,13 @@ def _parameters(command: str) -> list[inspect.Parameter]:
 
 
 def config_from(modality: str, options: dict) -> RunConfig:
-    """The RunConfig for a command's parsed options (each option's parser applied)."""
-    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    """The RunConfig for a command's options, as their callbacks parsed them."""
     values = {"modality": modality, "inputs": tuple(options.pop("paths") or ())}
     for name in [n for n in options if ALIAS in n]:  # an old option name given: it sets its field
         value = options.pop(name)
         if value is not None:
             options[name.split(ALIAS)[0]] = value
-    for name, value in options.items():
-        spec = option_of(fields[name])
-        values[name] = spec.parse(value) if spec.parse else value
-    return RunConfig(**values)
+    return RunConfig(**values, **options)
 
 
 def _print_error(message: str) -> None:
@@ -174,7 +170,7 @@ def _embed(config: RunConfig) -> None:
     configure_for_long_runs()  # flat peak memory over long runs, CPU forwards without page faults (hostmem.py)
     reporter = Reporter(quiet=config.quiet, jsonl=config.jsonl, debug=config.debug)
     try:
-        result = run(config, reporter)
+        result = run(config, reporter, own_process=True)  # the command line owns its process: signals, fd 2
     except UsageError as exc:
         raise _fail(str(exc), 2) from None
     except GemmaEmbedError as exc:
@@ -216,7 +212,7 @@ def plan(**options) -> None:
     config = config_from(modality, options)
     _require_input(config)
     try:
-        make_plan(config, Reporter(quiet=config.quiet))
+        make_plan(config, Reporter(quiet=config.quiet), own_process=True)
     except UsageError as exc:
         raise _fail(str(exc), 2) from None
 
@@ -268,6 +264,18 @@ def search_index(
         from gemma_embed.store import atomic_write_text
 
         atomic_write_text(html_file, render_html(hits, wanted.describe(), index=str(index)))
+
+
+@app.command("models", cls=_Command)
+def list_models(
+    json_out: Annotated[bool, typer.Option("--json", help="The table as one JSON list.", metavar="")] = False,
+) -> None:
+    """The model families gemma-embed runs: model types, example hub ids, commands and spaces."""
+    import json
+
+    from gemma_embed.models.registry import models_table, models_text
+
+    print(json.dumps(models_table(), ensure_ascii=True) if json_out else models_text(), end="\n" if json_out else "")
 
 
 @app.command("inspect", cls=_Command)

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from gemma_embed.memory import parse_budget
-from gemma_embed.sources import Collection, parse_extensions
-from gemma_embed.sources.table import parse_columns
+from gemma_embed.memory import BudgetSpec, parse_budget
 
 DEFAULT_MODEL = "google/gemma-4-e2b-it"
 IMAGE_SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
@@ -38,10 +37,25 @@ class Choice(str, Enum):
 
 
 class Modality(Choice):
+    """The embedding commands, and the one spelling of each kind of item (`singular`: what sentence-transformers
+    and the processors call it)."""
+
     images = "images"
     video = "video"
     audio = "audio"
-    text = "text"  # EmbeddingGemma 2 checkpoints: one item per line of text (or per file)
+    text = "text"  # retrieval checkpoints: one item per line of text (or per file)
+
+    @property
+    def singular(self) -> str:
+        return "image" if self is Modality.images else self.value
+
+    @property
+    def is_media(self) -> bool:
+        return self is not Modality.text
+
+
+# The commands whose items are media files (and can sit in collections: tar shards, parquet files, datasets).
+MEDIA_MODALITIES = frozenset(m.value for m in Modality if m.is_media)
 
 
 class Dtype(Choice):
@@ -78,6 +92,70 @@ class OnError(Choice):
 class ExportFormat(Choice):
     parquet = "parquet"
     npy = "npy"
+
+
+# ------------------------------------------------------------------------------------------ parsers
+
+
+def parse_extensions(text: str | Iterable[str] | None) -> tuple[str, ...] | None:
+    """ "jpg,PNG, .webp" -> (".jpg", ".png", ".webp"); None stays None (the modality's own set)."""
+    if text is None:
+        return None
+    parts = text.split(",") if isinstance(text, str) else list(text)
+    found = []
+    for part in parts:
+        ext = str(part).strip().lower()
+        if not ext:
+            continue
+        ext = "." + ext.lstrip(".")
+        if ext == "." or "/" in ext or os.sep in ext:
+            raise ValueError(f"not a file extension: {part!r}")
+        if ext not in found:
+            found.append(ext)
+    if not found:
+        raise ValueError("give at least one extension, e.g. jpg,png")
+    return tuple(found)
+
+
+# Metadata fields the tool writes for a table's items (file facts, row and name, what the decoders and preparers
+# record): a kept column of one of these names would overwrite one or be overwritten, so it is refused. (A tar
+# member's `caption` and `json` never meet kept columns: a caption column keeps its name.)
+RESERVED = frozenset(
+    {"path", "bytes", "mtime", "sha256", "rows", "row", "name", "warnings"}
+    | {"image_format", "mode", "frames_in_file", "width", "height", "max_soft_tokens", "patches"}
+    | {"resized_width", "resized_height", "frames", "frame_indices", "timestamps", "fps", "duration_s"}
+    | {"total_frames", "rotation", "codec", "rows_per_frame", "sample_rate", "channels", "decoder"}
+    | {"window_s", "windows"}
+)
+
+
+def parse_columns(text: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    """ "a, b" -> ("a", "b"); names a kept column may not have are refused (ValueError, for --keep-columns)."""
+    if text is None:
+        return ()
+    names = tuple(dict.fromkeys(n.strip() for n in (text.split(",") if isinstance(text, str) else text)))
+    names = tuple(n for n in names if n)
+    clash = [n for n in names if n in RESERVED]
+    if clash:
+        raise ValueError(
+            f"{', '.join(clash)}: the tool writes {'this field' if len(clash) == 1 else 'these fields'} itself; "
+            f"rename the column (or key by it with --key-column)"
+        )
+    return names
+
+
+@dataclass(frozen=True)
+class Collection:
+    """How the rows of a table (.parquet files, a Hugging Face dataset) become items: `column` holds the media
+    (bytes, a file path, or datasets' struct of both), `key_column` names items instead of FILE:ROW,
+    `keep_columns` go to each item's metadata; `dataset` (hub id or folder) and its `split` add that dataset's
+    rows to the input."""
+
+    column: str | None = None
+    key_column: str | None = None
+    keep_columns: tuple[str, ...] = ()
+    dataset: str | None = None
+    split: str | None = None
 
 
 # ------------------------------------------------------------------------------------------ option specs
@@ -340,12 +418,14 @@ class RunConfig:
         parse=parse_batch_size,
         metavar="auto|N",
     )
-    memory_budget: str | None = option(
-        None,
+    memory_budget: BudgetSpec = option(
+        BudgetSpec(),
         "2GiB, 512MiB or 30% of the device (default: min(free/2, total/10)).",
         commands=EMBED + PLAN,
         panel=PERFORMANCE,
-        check=parse_budget,
+        cli_type=str,
+        cli_default=None,
+        parse=parse_budget,
         metavar="SIZE",
     )
     workers: int = option(
@@ -393,6 +473,8 @@ class RunConfig:
             object.__setattr__(self, "ext", parse_extensions(self.ext))
         if not isinstance(self.keep_columns, tuple) or not all(isinstance(c, str) for c in self.keep_columns):
             object.__setattr__(self, "keep_columns", parse_columns(self.keep_columns))
+        if not isinstance(self.memory_budget, BudgetSpec):  # "2GiB", "30%" or None from a Python caller
+            object.__setattr__(self, "memory_budget", parse_budget(self.memory_budget))
         if isinstance(self.inputs, (str, Path)):
             object.__setattr__(self, "inputs", (str(self.inputs),))
         else:

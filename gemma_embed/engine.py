@@ -279,5 +279,51 @@ def encode_items(
             failed = next((r for r in parts if isinstance(r, ItemError)), None)
             on_item(item, failed if failed is not None else torch.cat(parts))
 
+    for index, count in enumerate(remaining):
+        if count == 0:  # nothing this stage could encode: never silently dropped
+            on_item(index, ItemError(keys[index], "prepare", "the item gives nothing to encode", "ValueError"))
     for group in engine.grouping()([u.length for u in units]):
         engine.run(units, group, unit_keys, on_rows)
+
+
+# A later stage's input for one item, from the item and its rows from the stage before (ValueError: cannot be formed).
+Feed = Callable[[PreparedItem, torch.Tensor], PreparedItem]
+
+
+def encode_chain(
+    engines: list[Engine],
+    feeds: list[Feed | None],
+    items: list[PreparedItem],
+    keys: list[str],
+    on_item: Callable[[int, ItemRows], None],
+) -> None:
+    """Every item through a chain of stages: stage 0 encodes the items' own units; each later stage `s` encodes
+    `feeds[s](item, rows of stage s-1)`. `on_item(index, rows)` gets an item's last-stage rows, or its failure at
+    whichever stage it failed, as soon as it is known; items of a window are batched together at every stage."""
+    current = dict(enumerate(items))  # item index -> its input to the stage being run
+    for stage, engine in enumerate(engines):
+        last = stage == len(engines) - 1
+        order = sorted(current)
+        following: dict[int, PreparedItem] = {}
+
+        def after(n: int, rows: ItemRows, order=order, following=following, last=last, stage=stage) -> None:
+            index = order[n]
+            if last or isinstance(rows, ItemError):
+                on_item(index, rows)
+                return
+            try:
+                following[index] = feeds[stage + 1](items[index], rows)
+            except ValueError as exc:
+                on_item(index, ItemError.wrap(keys[index], "prepare", exc))
+
+        encode_items(engine, [current[i] for i in order], [keys[i] for i in order], after)
+        current = following
+
+
+def encode_chain_list(
+    engines: list[Engine], feeds: list[Feed | None], items: list[PreparedItem], keys: list[str]
+) -> list[ItemRows]:
+    """`encode_chain`, collected: each item's rows (or failure) in item order."""
+    results: list = [None] * len(items)
+    encode_chain(engines, feeds, items, keys, results.__setitem__)
+    return results

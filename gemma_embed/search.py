@@ -187,16 +187,15 @@ def query_index(
     prompt_name: str | None = None,
     prompt: str | None = None,
 ) -> list[SearchHit]:
-    """Embed `query` with the index's model and settings (through `run`, the same path the index took), refuse
-    a query that came out different (model, revision, space, width), then search.
+    """Embed `query` in memory with the index's model and settings (an `Embedder`: the same engine the index was
+    made with; nothing is written anywhere), refuse a query that came out different (model, revision, space,
+    width), then search.
 
     Retrieval indexes (EmbeddingGemma 2): the query gets the checkpoint's `query` prompt unless `prompt_name` or
     `prompt` says otherwise. Soft-token indexes (Gemma 4): the query is a media file, pooled to its mean row.
     """
-    import tempfile
-
-    from gemma_embed.config import RunConfig
-    from gemma_embed.pipeline import run
+    from gemma_embed.embedder import Embedder
+    from gemma_embed.errors import ItemError
 
     header = store.output_index(index)[0].header
     if model is not None:  # refuse another model before loading anything
@@ -212,33 +211,31 @@ def query_index(
     if space == "retrieval" and prompt is None and prompt_name is None:
         prompt_name = _query_prompt_name(model or header["model"], header.get("revision") or None)
     budget = json.loads(header.get("preprocessing") or "{}").get("max_soft_tokens")
-    with tempfile.TemporaryDirectory(prefix="gemma-embed-query-") as tmp:
-        source = query.file
-        if query.text is not None:
-            source = os.path.join(tmp, "query.txt")
-            Path(source).write_text(query.text, encoding="utf-8")
-        config = RunConfig(
-            modality=query.modality,
-            inputs=(source,),
-            output=Path(tmp) / "query.safetensors",
-            model=model or header["model"],
-            revision=header.get("revision") or None,
-            device=device,
-            dtype=dtype,
-            space=space or "auto",
-            pool="none" if space == "retrieval" else "mean",
-            dim=int(header["dim"]) if header.get("dim") else None,
-            prompt=prompt,
-            prompt_name=prompt_name,
-            per_file=query.text is not None,
-            max_soft_tokens=budget if query.modality == header.get("modality") and query.modality != "text" else None,
-            quiet=True,
-        )
-        result = run(config)
-        if result.failed:
-            raise UsageError(f"cannot embed the query: {result.failures[0]['message']}")
-        check_query_settings(header, store.read_header(config.output), str(index))
-        (vector,) = store.load(config.output).values()
+    same_kind = query.modality == header.get("modality") and query.modality != "text"
+    embedder = Embedder(
+        model or header["model"],
+        device=device,
+        dtype=dtype,
+        revision=header.get("revision") or None,
+        space=space or "auto",
+        pool="none" if space == "retrieval" else "mean",
+        dim=int(header["dim"]) if header.get("dim") else None,
+        prompt=prompt,
+        prompt_name=prompt_name,
+        max_soft_tokens=budget if same_kind else None,
+    )
+    value = query.text if query.text is not None else Path(query.file)
+    (vector,) = embedder.embed([value], modality=query.modality)
+    if isinstance(vector, ItemError):
+        raise UsageError(f"cannot embed the query: {vector.message}")
+    stages = embedder.stages(query.modality)
+    made = {
+        "model": embedder.config.model,
+        "revision": embedder.config.revision or "",
+        "space": str(stages.space),
+        "dim": str(stages.width) if str(stages.space) == "retrieval" else "",
+    }
+    check_query_settings(header, made, str(index))
     return search(index, vector.float().mean(dim=0), k)
 
 

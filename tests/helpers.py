@@ -83,7 +83,7 @@ def run_images(inputs, model: Path, output: Path, stdin=None, **options) -> tupl
         **options,
     )
     out, err = io.StringIO(), io.StringIO()
-    result = run(config, Reporter(jsonl=True, stdout=out, stderr=err, live=False), stdin=stdin)
+    result = run(config, Reporter(jsonl=True, stdout=out, stderr=err, live=False), stdin=stdin, own_process=True)
     records = [json.loads(line) for line in out.getvalue().splitlines() if line.strip()]
     return exit_code(result), records, err.getvalue()
 

@@ -35,16 +35,16 @@ def slow_down(seconds: float) -> None:
 
 
 def slow_loading(seconds: float, marker: Path) -> None:
-    import gemma_embed.pipeline as pipeline
+    from gemma_embed.embedder import Embedder
 
-    original = pipeline.build_modality
+    original = Embedder.load
 
     def slow(*args, **kwargs):
         marker.touch()
         time.sleep(seconds)
         return original(*args, **kwargs)
 
-    pipeline.build_modality = slow
+    Embedder.load = slow
 
 
 def shorten_process_group_timeout(seconds: float) -> None:

@@ -19,7 +19,7 @@ def _captured_config(monkeypatch, *args) -> RunConfig:
     """Parse a command line with the real app; return the RunConfig it would run (nothing is run)."""
     captured = {}
 
-    def fake_run(config, reporter=None, stdin=None):
+    def fake_run(config, reporter=None, stdin=None, own_process=False):
         captured["config"] = config
         raise SystemExit(0)
 
@@ -102,7 +102,14 @@ def test_python_callers_get_the_same_checks_and_enums():
 
 def test_help_documents_the_library_face():
     text = pydoc.render_doc(gemma_embed, renderer=pydoc.plaintext)
-    for name in ("run(config", "load(path", "iter_items(path", "read_metadata(path", "class RunConfig"):
+    for name in (
+        "run(config",
+        "load(path",
+        "iter_items(path",
+        "read_metadata(path",
+        "class RunConfig",
+        "class Embedder",
+    ):
         assert name in text, name
     assert gemma_embed.run.__doc__ and gemma_embed.load.__doc__ and gemma_embed.iter_items.__doc__
 

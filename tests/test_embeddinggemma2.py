@@ -18,7 +18,7 @@ import safetensors
 import torch
 from helpers import ROOT, record_batches, spy_tensor_reads
 
-from gemma_embed.engine import Engine
+from gemma_embed.engine import Engine, encode_chain_list
 from gemma_embed.errors import CheckpointError, ItemError, UsageError
 from gemma_embed.media.audio import decode_audio
 from gemma_embed.media.image import decode_image
@@ -27,7 +27,6 @@ from gemma_embed.models.base import Unit
 from gemma_embed.models.embeddinggemma2 import (
     EmbeddingGemma2Preparer,
     EmbeddingGemma2TextTower,
-    encode_two_stages,
     stage2_item,
 )
 from gemma_embed.models.gemma4 import Gemma4VisionTower
@@ -111,7 +110,9 @@ class Stages:
         preparer = EmbeddingGemma2Preparer(self.checkpoint, modality, self.setup, **preparer_options)
         items = [preparer.prepare(d) for d in decoded]
         keys = [f"item{i}" for i in range(len(items))]
-        return encode_two_stages(self.stage1(modality), self.text, items, keys)
+        if modality == "text":  # no tower: the text model alone
+            return encode_chain_list([self.text], [None], items, keys)
+        return encode_chain_list([self.stage1(modality), self.text], [None, stage2_item], items, keys)
 
 
 @pytest.fixture(scope="module")

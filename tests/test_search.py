@@ -15,12 +15,12 @@ from helpers import ROOT
 
 import gemma_embed
 from gemma_embed import search as search_module
-from gemma_embed.engine import Engine
+from gemma_embed.engine import Engine, encode_chain_list
 from gemma_embed.errors import UsageError
 from gemma_embed.media.audio import decode_audio
 from gemma_embed.media.image import decode_image
 from gemma_embed.media.video import FramePolicy, decode_video
-from gemma_embed.models.embeddinggemma2 import EmbeddingGemma2Preparer, EmbeddingGemma2TextTower, encode_two_stages
+from gemma_embed.models.embeddinggemma2 import EmbeddingGemma2Preparer, EmbeddingGemma2TextTower, stage2_item
 from gemma_embed.models.gemma4 import Gemma4VisionTower
 from gemma_embed.models.loading import resolve_checkpoint
 from gemma_embed.models.st_inputs import read_sentence_transformers
@@ -48,7 +48,8 @@ def sample_index(tmp_path_factory):
     stage2 = Engine(EmbeddingGemma2TextTower(checkpoint, "cpu", torch.float32, setup), "retrieval", batch_cap=8)
     preparer = EmbeddingGemma2Preparer(checkpoint, "image", setup)
     paths = sorted((MEDIA / "images").iterdir())
-    vectors = encode_two_stages(stage1, stage2, [preparer.prepare(decode_image(str(p))) for p in paths], paths)
+    items = [preparer.prepare(decode_image(str(p))) for p in paths]
+    vectors = encode_chain_list([stage1, stage2], [None, stage2_item], items, [str(p) for p in paths])
     entries = [(p.name, v, {"path": str(p)}) for p, v in zip(paths, vectors, strict=True)]
     out = write_index(tmp_path_factory.mktemp("index") / "images.safetensors", entries)
     return out, {"stage1": stage1, "stage2": stage2, "preparer": preparer, "paths": paths}
@@ -67,7 +68,7 @@ def test_a_query_embedded_again_through_the_model_finds_its_item_first(sample_in
     index, parts = sample_index
     target = parts["paths"][2]
     item = parts["preparer"].prepare(decode_image(str(target)))
-    (query,) = encode_two_stages(parts["stage1"], parts["stage2"], [item], ["query"])
+    (query,) = encode_chain_list([parts["stage1"], parts["stage2"]], [None, stage2_item], [item], ["query"])
     check_query_settings(read_metadata(index), dict(HEADER), str(index))  # same settings: accepted
     hits = search(index, query[0], k=len(parts["paths"]))
     assert hits[0].key == target.name and hits[0].path == str(target)

@@ -256,6 +256,28 @@ def decode_audio(content: str | bytes, sample_rate: int = 16_000) -> DecodedAudi
     return decoded
 
 
+def decode_audio_value(value, sample_rate: int = 16_000) -> DecodedAudio:
+    """`decode_audio`, also for samples a Python caller holds: `(samples, rate)` or `{"array": samples,
+    "sampling_rate": rate}` (datasets' Audio form), 1-D or (channels, frames), downmixed and resampled by the same
+    libswresample path as a file's samples."""
+    if isinstance(value, dict):
+        value = (value["array"], value["sampling_rate"])
+    if not isinstance(value, tuple):
+        return decode_audio(value, sample_rate)
+    samples, rate = value
+    block = np.asarray(samples.numpy() if hasattr(samples, "numpy") else samples, dtype=np.float32)
+    if block.ndim == 1:
+        block = block[None, :]
+    if block.ndim != 2 or block.shape[-1] == 0:
+        raise AudioDecodeError(f"audio samples must be 1-D or (channels, frames), got shape {tuple(block.shape)}")
+    if not np.isfinite(block).all():
+        raise AudioDecodeError("audio contains NaN or infinite samples")
+    resampler = MonoResampler(int(rate), sample_rate)
+    for start in range(0, block.shape[-1], BLOCK_FRAMES):  # in a file's blocks: the resampler sees the same stream
+        resampler.add(np.ascontiguousarray(block[:, start : start + BLOCK_FRAMES]))
+    return DecodedAudio(resampler.finish(), sample_rate, int(rate), int(block.shape[0]), "array", block.shape[-1])
+
+
 def _for_soundfile(content: str | bytes) -> bool:
     """Whether soundfile is tried first: by the extension of the path or of the bytes' name; bytes without a name
     always (their header decides)."""

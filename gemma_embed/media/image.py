@@ -89,6 +89,15 @@ def decode_image(content: str | bytes, max_pixels: int = MAX_PIXELS) -> DecodedI
         raise ImageDecodeError(f"cannot decode image: {_with_library_cause(str(exc) or type(exc).__name__)}") from None
 
 
+def decode_image_value(value) -> DecodedImage:
+    """`decode_image`, also for a PIL image a Python caller holds: upright and converted exactly as a file's
+    first frame is."""
+    if not isinstance(value, Image.Image):
+        return decode_image(value)
+    mode, fmt = value.mode, value.format or ""
+    return DecodedImage(to_rgb(ImageOps.exif_transpose(value)), mode, fmt, int(getattr(value, "n_frames", 1) or 1))
+
+
 def _with_library_cause(reason: str) -> str:
     """Pillow's reason, led by what a C library printed while this image decoded (libtiff prints the cause,
     "WEBP compression support is not configured", and Pillow raises only "decoder error -2")."""

@@ -38,6 +38,9 @@ class Tower(Protocol):
     device: Any
     dtype: Any
 
+    def load(self) -> None:
+        """Read the weights (once). Until then only the cost model and the widths may be used."""
+
     def unit_cost(self, length: int) -> int:
         """Modelled peak transient bytes one unit of this length adds to a forward pass."""
 
@@ -58,7 +61,9 @@ class EncoderTower:
     """What every tower shares: its device and dtype, its two checkpoint parts (the encoder and the `embed_*`
     projection into the language model's space) built without init and loaded strictly, and that projection.
 
-    A subclass names its parts and their key prefixes (`parts`), builds the modules, and implements
+    Built with `load=False`, a tower has read only its config: its cost model (`unit_cost`) and row widths are
+    known, so `plan` and every check run before any tensor is read; `load()` then reads the weights (once).
+    A subclass names its parts and their key prefixes (`parts`), gives the module factories, and implements
     `unit_cost` and `encode`.
     """
 
@@ -66,18 +71,33 @@ class EncoderTower:
     # (part name, key prefixes to try in order) for the encoder and for its projection.
     parts: tuple[tuple[str, tuple[str, ...]], tuple[str, tuple[str, ...]]] = ()
 
-    def __init__(self, checkpoint, device, dtype, config, build_encoder, build_projection, output_dims: dict):
+    def __init__(
+        self, checkpoint, device, dtype, config, build_encoder, build_projection, output_dims: dict, load: bool = True
+    ):
         import torch
 
-        from gemma_embed.models.loading import load_part
-
-        (encoder_name, encoder_prefixes), (projection_name, projection_prefixes) = self.parts
+        self.checkpoint = checkpoint
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
-        self.tower = load_part(checkpoint, encoder_name, encoder_prefixes, build_encoder, dtype, device)
-        self.embed = load_part(checkpoint, projection_name, projection_prefixes, build_projection, dtype, device)
+        self._factories = (build_encoder, build_projection)
+        self.tower = self.embed = None  # the modules, once loaded
         self.output_dims = output_dims  # row width per --space
+        if load:
+            self.load()
+
+    def load(self) -> None:
+        """Read this tower's tensors (and only those) into its modules; a second call does nothing."""
+        from gemma_embed.models.loading import load_part
+
+        if self.tower is not None:
+            return
+        (encoder_name, encoder_prefixes), (projection_name, projection_prefixes) = self.parts
+        build_encoder, build_projection = self._factories
+        self.tower = load_part(self.checkpoint, encoder_name, encoder_prefixes, build_encoder, self.dtype, self.device)
+        self.embed = load_part(
+            self.checkpoint, projection_name, projection_prefixes, build_projection, self.dtype, self.device
+        )
 
     @property
     def element_size(self) -> int:

@@ -12,7 +12,7 @@ runs the same computation as two stages on its own engine:
    placeholder slots, through the text model, then pooling, the Dense modules, normalisation and an optional
    Matryoshka truncation. One vector per unit.
 
-The call sequence a pipeline follows (`encode_two_stages` below does steps 3-5 over a window of items):
+As a chain of stages on the shared engine (`retrieval_stages` below builds it; `engine.encode_chain` runs it):
 
     setup = read_sentence_transformers(checkpoint)                  # the ST files, plain JSON + safetensors
     preparer = EmbeddingGemma2Preparer(checkpoint, "image", setup, prompt_name="query")
@@ -20,9 +20,9 @@ The call sequence a pipeline follows (`encode_two_stages` below does steps 3-5 o
     stage2 = Engine(EmbeddingGemma2TextTower(checkpoint, device, dtype, setup, dim=None), "retrieval")
     1. decode:  media/ (PIL image, DecodedVideo, DecodedAudio) or a str for text
     2. prepare: item = preparer.prepare(decoded)        # item.units: stage-1 units; item.sequence: TokenSequence
-    3. stage 1: rows = encode_items(stage1, items, keys)  (skipped for text: no units)
-    4. build:   item2 = stage2_item(item, rows[i])     # the stage-2 unit: ids + rows for the placeholder slots
-    5. stage 2: vectors = encode_items(stage2, items2, keys)   # one (1, D) float32 row per item
+    3. encode:  encode_chain([stage1, stage2], [None, stage2_item], items, keys, on_item)
+       (stage2_item: the text model's unit, token ids + the stage-1 rows for the placeholder slots; text items
+       have no stage 1: their prepared unit is that sequence, and the chain is [stage2] alone)
 
 Only what a run needs is loaded: the text model always (`language_model.`), the vision tower and `embed_vision`
 for images/video, the audio tower and `embed_audio` for audio, each strictly, through `load_part`.
@@ -30,14 +30,14 @@ for images/video, the audio tower and `embed_audio` for audio, each strictly, th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gemma_embed.errors import CheckpointError, ItemError, UsageError
+from gemma_embed.config import Pool
+from gemma_embed.errors import CheckpointError, UsageError
 from gemma_embed.memory import text_sequence_cost
 from gemma_embed.models.base import PreparedItem, Unit
 from gemma_embed.models.gemma4 import resized_size, trim_vision_inputs
@@ -151,11 +151,9 @@ class EmbeddingGemma2Preparer:
             meta.update(resized_size(units[0], self.patch_size), patches=units[0].length, soft_tokens=units[0].rows)
         elif units:  # audio: the mel frames embedded (the feature extractor keeps the first 30 s, as in ST)
             meta["feature_frames"] = units[0].length
-        return PreparedItem(units=units, meta=meta, sequence=TokenSequence(ids, placeholders, pool_from))
-
-    def second_stage(self, item: PreparedItem, rows: torch.Tensor | None) -> PreparedItem:
-        """The item's stage-2 input once stage 1 has given its rows (see `stage2_item`)."""
-        return stage2_item(item, rows)
+        item = PreparedItem(units=units, meta=meta, sequence=TokenSequence(ids, placeholders, pool_from))
+        # Text has no tower: its one stage is the text model, whose unit is the sequence itself.
+        return item if units else stage2_item(item, None)
 
     def _units(self, out) -> list[Unit]:
         if self.modality == "image":
@@ -212,7 +210,7 @@ def stage2_item(item: PreparedItem, rows: torch.Tensor | None) -> PreparedItem:
     if rows is not None and count:
         inputs["rows"] = rows
     unit = Unit(inputs=inputs, length=int(sequence.input_ids.shape[0]), rows=1)
-    return PreparedItem(units=[unit], meta=item.meta)
+    return PreparedItem(units=[unit], meta=item.meta, sequence=sequence)
 
 
 class EmbeddingGemma2TextTower:
@@ -234,9 +232,8 @@ class EmbeddingGemma2TextTower:
         dtype,
         setup: SentenceTransformerSetup | None = None,
         dim: int | None = None,
+        load: bool = True,
     ):
-        from transformers.models.embedding_gemma2.modeling_embedding_gemma2 import EmbeddingGemma2TextModel
-
         text_config = getattr(checkpoint.config, "text_config", None)
         if text_config is None or not is_embeddinggemma2(checkpoint):
             raise CheckpointError(
@@ -244,21 +241,13 @@ class EmbeddingGemma2TextTower:
                 f"(model type {getattr(checkpoint.config, 'model_type', '?')})"
             )
         text_config._attn_implementation = "sdpa"  # sentence-transformers' default through from_pretrained
+        self.checkpoint = checkpoint
         self.config = text_config
         self.device = torch.device(device)
         self.dtype = dtype
         self.setup = setup or read_sentence_transformers(checkpoint)
-        self.model = load_part(
-            checkpoint,
-            "language_model",
-            TEXT_MODEL_PREFIXES,
-            lambda: EmbeddingGemma2TextModel(text_config),
-            dtype,
-            device,
-        )
-        self.head = _load_head(checkpoint, self.setup, self.device)
         width = self.setup.dim or text_config.embedding_dim
-        if dim is not None and not 0 < int(dim) <= width:
+        if dim is not None and not 0 < int(dim) <= width:  # before any tensor is read
             raise UsageError(f"--dim {dim}: the model's vectors have {width} dimensions")
         self.dim = int(dim) if dim is not None and int(dim) < width else None
         self.width = self.dim or width
@@ -267,6 +256,26 @@ class EmbeddingGemma2TextTower:
         ids = [getattr(config, name, None) for name in ("image_token_id", "video_token_id", "audio_token_id")]
         self.multimodal_ids = torch.tensor([int(i) for i in ids if i is not None], dtype=torch.long)
         self.output_dims = {"retrieval": self.width}
+        self.model = None
+        self.head: list = []
+        if load:
+            self.load()
+
+    def load(self) -> None:
+        """The text model and the Dense modules (once)."""
+        from transformers.models.embedding_gemma2.modeling_embedding_gemma2 import EmbeddingGemma2TextModel
+
+        if self.model is not None:
+            return
+        self.model = load_part(
+            self.checkpoint,
+            "language_model",
+            TEXT_MODEL_PREFIXES,
+            lambda: EmbeddingGemma2TextModel(self.config),
+            self.dtype,
+            self.device,
+        )
+        self.head = _load_head(self.checkpoint, self.setup, self.device)
 
     @property
     def element_size(self) -> int:
@@ -354,52 +363,80 @@ def _load_head(checkpoint: Checkpoint, setup: SentenceTransformerSetup, device) 
     return head
 
 
-# ------------------------------------------------------------------------------------------- both stages
+# ------------------------------------------------------------------------------------------- the family
 
 
-def encode_two_stages(
-    stage1,
-    stage2,
-    items: Sequence[PreparedItem | None],
-    keys: Sequence[str],
-) -> list:
-    """Steps 3-5 of the call sequence over a window of prepared items: one (1, D) vector, an ItemError, or None
-    (where `items` has None) per item. `stage1` may be None for text (no item has units). The pipeline runs the
-    same steps item by item as they finish (pipeline._embed_all); this collects them for callers that want a
-    list."""
-    from gemma_embed.engine import encode_items
+def retrieval_stages(config, checkpoint: Checkpoint, device, dtype, modality):
+    """One retrieval vector per item: the Gemma 4 tower of the item's kind (none for text), then the text model
+    over the item's token sequence with the tower's rows in its placeholder slots."""
+    from gemma_embed.config import Space
+    from gemma_embed.modalities import Stage, audio_stages, image_stages, text_stages, video_stages
+    from gemma_embed.models.gemma4 import Gemma4VisionTower
+    from gemma_embed.models.gemma4_audio import Gemma4AudioTower
 
-    items, keys = list(items), list(keys)
-    results: list = [None] * len(items)
-    second: dict[int, PreparedItem] = {}
-
-    def to_stage2(index: int, rows) -> None:
-        if isinstance(rows, ItemError):
-            results[index] = rows
-            return
-        try:
-            second[index] = stage2_item(items[index], rows)
-        except ValueError as exc:
-            results[index] = ItemError.wrap(keys[index], "prepare", exc)
-
-    with_units = [i for i, item in enumerate(items) if item is not None and item.units]
-    if with_units:
-        if stage1 is None:
-            raise ValueError("items have stage-1 units but no stage-1 engine was given")
-        encode_items(
-            stage1,
-            [items[i] for i in with_units],
-            [keys[i] for i in with_units],
-            lambda n, rows: to_stage2(with_units[n], rows),
-        )
-    for i, item in enumerate(items):
-        if item is not None and not item.units:
-            to_stage2(i, None)
-    order = sorted(second)
-    encode_items(
-        stage2,
-        [second[i] for i in order],
-        [keys[i] for i in order],
-        lambda n, vector: results.__setitem__(order[n], vector),
+    setup = read_sentence_transformers(checkpoint)
+    kind = modality.singular
+    preparer = EmbeddingGemma2Preparer(
+        checkpoint, kind, setup, config.prompt, config.prompt_name, max_soft_tokens=config.max_soft_tokens
     )
-    return results
+    text = EmbeddingGemma2TextTower(checkpoint, device, dtype, setup, dim=config.dim, load=False)
+    if kind == "text":
+        return text_stages(preparer, [Stage(text, Space.retrieval)])
+    tower_class = Gemma4AudioTower if kind == "audio" else Gemma4VisionTower
+    # Stage 1 gives the rows the text model takes into its sequence: the tower's language-space rows.
+    chain = [
+        Stage(tower_class(checkpoint, device, dtype, load=False), Space.language),
+        Stage(text, Space.retrieval, feed=stage2_item, lengths=lambda item: [int(item.sequence.input_ids.shape[0])]),
+    ]
+    if kind == "image":
+        return image_stages(preparer, chain)
+    if kind == "audio":
+        return audio_stages(preparer, chain, int(preparer.processor.feature_extractor.sampling_rate))
+    frames = preparer.processor.video_processor  # its own sampling: 1 frame per second, at most 32
+    return video_stages(
+        config,
+        preparer,
+        chain,
+        getattr(frames, "num_frames", None),
+        getattr(frames, "fps", None),
+        processor_max_frames=getattr(frames, "max_frames", None),
+        pools=(Pool.none, Pool.mean),
+    )
+
+
+def _build(tower_build):
+    """A command's builder: retrieval vectors, or (--space language|tower) the Gemma 4 tower's own rows."""
+
+    def build(config, checkpoint: Checkpoint, device, dtype, space):
+        if space == "retrieval":
+            return retrieval_stages(config, checkpoint, device, dtype, config.modality)
+        return tower_build(config, checkpoint, device, dtype, space)
+
+    return build
+
+
+def _family():
+    from gemma_embed.config import Modality, Space
+    from gemma_embed.models.family import Family, Support
+    from gemma_embed.models.gemma4 import build_images, build_video
+    from gemma_embed.models.gemma4_audio import build_audio
+
+    spaces = (Space.retrieval, Space.language, Space.tower)
+    one_row = {Space.retrieval: (Pool.none, Pool.mean)}
+    vision = ("vision", "gemma4_vision")
+    return Family(
+        name="EmbeddingGemma 2",
+        model_types=(MODEL_TYPE,),
+        examples=("google/embeddinggemma-2",),
+        commands={
+            Modality.images: Support(_build(build_images), spaces, tower=vision),
+            Modality.video: Support(
+                _build(build_video), spaces, (Pool.none, Pool.mean, Pool.frame), vision, pools_by_space=one_row
+            ),
+            Modality.audio: Support(_build(build_audio), spaces, tower=("audio", "gemma4_audio")),
+            Modality.text: Support(_build(None), (Space.retrieval,)),
+        },
+    )
+
+
+FAMILY = _family()

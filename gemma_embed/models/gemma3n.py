@@ -63,7 +63,7 @@ class Gemma3nAudioTower(EncoderTower):
     grouping = "ragged"
     parts = (("audio_tower", ("model.audio_tower.",)), ("embed_audio", ("model.embed_audio.",)))
 
-    def __init__(self, checkpoint, device, dtype):
+    def __init__(self, checkpoint, device, dtype, load: bool = True):
         from transformers.models.gemma3n.modeling_gemma3n import Gemma3nAudioEncoder, Gemma3nMultimodalEmbedder
 
         audio_config, text_config = audio_sub_configs(checkpoint)
@@ -77,6 +77,7 @@ class Gemma3nAudioTower(EncoderTower):
             lambda: Gemma3nAudioEncoder(audio_config),
             lambda: Gemma3nMultimodalEmbedder(audio_config, text_config),
             {"tower": audio_config.hidden_size, "language": text_config.hidden_size},
+            load=load,
         )
         self.zero_conv_padding = True  # tests switch it off to show the leak it prevents
 
@@ -118,3 +119,33 @@ class Gemma3nAudioTower(EncoderTower):
         with self._first_conv_output_cut(units):
             out = self.tower(features, ~valid, return_dict=True)  # this tower's mask: True = padding
         return strip_rows(self.project(out.last_hidden_state, space), ~out.audio_mel_mask, units)
+
+
+# ------------------------------------------------------------------------------------------- the family
+
+
+def build_audio(config, checkpoint, device, dtype, space):
+    from gemma_embed.modalities import Stage, audio_stages
+    from gemma_embed.models.audio import AudioPreparer, load_feature_extractor
+
+    tower = Gemma3nAudioTower(checkpoint, device, dtype, load=False)
+    # keep_tail: this tower's convolutions look past a window's end, so a unit keeps every frame (see AudioPreparer)
+    preparer = AudioPreparer(load_feature_extractor(checkpoint), tower.rows_for_frames, config.window_s, True)
+    return audio_stages(preparer, [Stage(tower, space)], preparer.sample_rate)
+
+
+def _family():
+    from gemma_embed.config import Modality, Space
+    from gemma_embed.models.family import Family, Support
+
+    return Family(
+        name="Gemma 3n",
+        model_types=("gemma3n",),
+        examples=("google/gemma-3n-e2b-it", "google/gemma-3n-e4b-it"),
+        commands={
+            Modality.audio: Support(build_audio, (Space.language, Space.tower), tower=("audio", "gemma3n_audio")),
+        },
+    )
+
+
+FAMILY = _family()

@@ -19,7 +19,7 @@ class Gemma4VisionTower(EncoderTower):
         ("embed_vision", ("model.embed_vision.", "embed_vision.")),
     )
 
-    def __init__(self, checkpoint: Checkpoint, device, dtype):
+    def __init__(self, checkpoint: Checkpoint, device, dtype, load: bool = True):
         from transformers.models.gemma4.modeling_gemma4 import Gemma4MultimodalEmbedder, Gemma4VisionModel
 
         vision_config, text_config = tower_configs(checkpoint, "vision")
@@ -33,6 +33,7 @@ class Gemma4VisionTower(EncoderTower):
             lambda: Gemma4VisionModel(vision_config),
             lambda: Gemma4MultimodalEmbedder(vision_config, text_config),
             {"tower": vision_config.hidden_size, "language": text_config.hidden_size},
+            load=load,
         )
         self.pool_area = vision_config.pooling_kernel_size**2
 
@@ -184,3 +185,51 @@ class Gemma4VideoPreparer(_VisionPreparer):
             "patches": units[0].length,
         }
         return PreparedItem(units=units, meta=meta, rows_per_unit=rows_per_frame)
+
+
+# ------------------------------------------------------------------------------------------- the family
+
+
+def vision_chain(checkpoint: Checkpoint, device, dtype, space) -> list:
+    """The vision tower alone (soft tokens, or the encoder's own rows), built without reading its weights."""
+    from gemma_embed.modalities import Stage
+
+    return [Stage(Gemma4VisionTower(checkpoint, device, dtype, load=False), space)]
+
+
+def build_images(config, checkpoint: Checkpoint, device, dtype, space):
+    from gemma_embed.modalities import image_stages
+
+    preparer = Gemma4ImagePreparer(checkpoint, config.max_soft_tokens)
+    return image_stages(preparer, vision_chain(checkpoint, device, dtype, space))
+
+
+def build_video(config, checkpoint: Checkpoint, device, dtype, space):
+    """Frames are images to the vision tower: the same tower class, so frames share the image path's buckets."""
+    from gemma_embed.modalities import video_stages
+
+    preparer = Gemma4VideoPreparer(checkpoint, config.max_soft_tokens)
+    chain = vision_chain(checkpoint, device, dtype, space)
+    return video_stages(config, preparer, chain, preparer.num_frames, preparer.fps)
+
+
+def _family():
+    from gemma_embed.config import Modality, Pool, Space
+    from gemma_embed.models.family import Family, Support
+    from gemma_embed.models.gemma4_audio import build_audio
+
+    towers = (Space.language, Space.tower)
+    vision = ("vision", "gemma4_vision")
+    return Family(
+        name="Gemma 4",
+        model_types=("gemma4",),
+        examples=("google/gemma-4-e2b-it",),
+        commands={
+            Modality.images: Support(build_images, towers, tower=vision),
+            Modality.video: Support(build_video, towers, pools=(Pool.none, Pool.mean, Pool.frame), tower=vision),
+            Modality.audio: Support(build_audio, towers, tower=("audio", "gemma4_audio")),
+        },
+    )
+
+
+FAMILY = _family()

@@ -35,7 +35,7 @@ class Gemma4AudioTower(EncoderTower):
         ("embed_audio", ("model.embed_audio.", "embed_audio.")),
     )
 
-    def __init__(self, checkpoint, device, dtype):
+    def __init__(self, checkpoint, device, dtype, load: bool = True):
         from transformers.models.gemma4.modeling_gemma4 import Gemma4AudioModel, Gemma4MultimodalEmbedder
 
         audio_config, text_config = audio_sub_configs(checkpoint)
@@ -48,6 +48,7 @@ class Gemma4AudioTower(EncoderTower):
             lambda: Gemma4AudioModel(audio_config),
             lambda: Gemma4MultimodalEmbedder(audio_config, text_config),
             {"tower": audio_config.output_proj_dims, "language": text_config.hidden_size},
+            load=load,
         )
 
     def unit_cost(self, length: int) -> int:
@@ -57,3 +58,14 @@ class Gemma4AudioTower(EncoderTower):
         features, mask = pad_batch(self, units)
         out = self.tower(features, mask, return_dict=True)
         return strip_rows(self.project(out.last_hidden_state, space), out.attention_mask.bool(), units)
+
+
+def build_audio(config, checkpoint, device, dtype, space):
+    """Gemma 4's audio tower (EmbeddingGemma 2 reuses it): windows of at most --window-s through the checkpoint's
+    feature extractor, ragged batches."""
+    from gemma_embed.modalities import Stage, audio_stages
+    from gemma_embed.models.audio import AudioPreparer, load_feature_extractor
+
+    preparer = AudioPreparer(load_feature_extractor(checkpoint), gemma4_audio_rows, config.window_s, keep_tail=False)
+    chain = [Stage(Gemma4AudioTower(checkpoint, device, dtype, load=False), space)]
+    return audio_stages(preparer, chain, preparer.sample_rate)

@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 
+from gemma_embed.config import Modality
 from gemma_embed.errors import CheckpointError, UsageError
 from gemma_embed.models.loading import Checkpoint
 
 MODEL_TYPE = "embedding_gemma2"
-MODALITIES = ("text", "image", "video", "audio")
+MODALITIES = tuple(m.singular for m in (Modality.text, Modality.images, Modality.video, Modality.audio))
 
 # sentence-transformers' files: module list, settings of its Transformer module, model-level settings (prompts).
 MODULES_FILE = "modules.json"

@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
+from gemma_embed.config import Modality
 from gemma_embed.errors import UsageError
 from gemma_embed.sources import table, tar
 from gemma_embed.sources.base import MEDIA_MODALITIES, Collection, Source
@@ -36,6 +37,7 @@ from gemma_embed.sources.files import (
 __all__ = [
     "Collection",
     "Source",
+    "check_given_paths",
     "count_sources",
     "expand_braces",
     "extensions",
@@ -151,6 +153,19 @@ def count_sources(
     return total
 
 
+def check_given_paths(inputs: Iterable[str]) -> None:
+    """A path named on the command line that does not exist is a usage error, before anything loads (paths read
+    from stdin are data: each missing one is a failed item)."""
+    for given in inputs:
+        if given == "-" or is_brace_pattern(given):
+            continue
+        path = Path(given)
+        if path.is_symlink() and not path.exists():
+            raise UsageError(f"{given}: dangling symbolic link (its target does not exist)")
+        if not path.exists():
+            raise UsageError(f"{given}: no such file or directory")
+
+
 def require_input(
     sources: Iterator[Source],
     inputs: Iterable[str],
@@ -187,7 +202,7 @@ def no_input_message(
         where = (where + " and " if where else "") + f"the dataset {dataset}"
     wanted = sorted(ext) if ext else sorted(extensions(modality))
     shown = " ".join(wanted[:12]) + (f" ... ({len(wanted)} extensions, see README)" if len(wanted) > 12 else "")
-    noun = {"images": "image"}.get(str(modality), str(modality))
+    noun = Modality(modality).singular
     line = f"no {noun} files found in {where or 'the arguments'}: looked for {shown}"
     if skipped:
         passed = ", ".join(f"{e} x{n}" for e, n in skipped.most_common(5))

@@ -1,15 +1,14 @@
-"""What every kind of source yields: a keyed item (`Source`), and the options that say how table rows become items
-(`Collection`)."""
+"""What every kind of source yields: a keyed item (`Source`). How table rows become items (`Collection`) is an
+option, defined with the others in config.py."""
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
+from gemma_embed.config import MEDIA_MODALITIES, Collection  # noqa: F401 - re-exported
 from gemma_embed.media import file_facts
-
-# The commands whose items can sit in collections (tar shards, parquet files, datasets).
-MEDIA_MODALITIES = frozenset({"images", "video", "audio"})
 
 
 @dataclass(frozen=True)
@@ -28,28 +27,20 @@ class Source:
     position: int = 0  # place in the whole input: orders the output and assigns distributed slices
     data: bytes | None = None  # the item's own bytes, when it is not a whole file
     meta: dict = field(default_factory=dict, compare=False, hash=False)
+    # An in-memory value from a Python caller (a PIL image, audio samples with their rate): decoded as it is.
+    value: Any = field(default=None, compare=False, hash=False)
 
     @property
-    def content(self) -> str | bytes:
-        """What a decoder opens: the item's bytes, or the path of the file that is the item."""
+    def content(self) -> Any:
+        """What a decoder opens: an in-memory value, the item's bytes, or the path of the file that is the item."""
+        if self.value is not None:
+            return self.value
         return self.data if self.data is not None else self.path
 
     def facts(self) -> dict:
         """Where the item is, its size and content hash (how --resume knows it), and a file's mtime."""
+        if self.value is not None:
+            return {"path": self.path}  # nothing to resume from: it exists in the caller's memory only
         if self.data is None:
             return {"path": self.path, **file_facts(self.path)}
         return {"path": self.path, "bytes": len(self.data), "sha256": hashlib.sha256(self.data).hexdigest()}
-
-
-@dataclass(frozen=True)
-class Collection:
-    """How the rows of a table (.parquet files, a Hugging Face dataset) become items: `column` holds the media
-    (bytes, a file path, or datasets' struct of both), `key_column` names items instead of FILE:ROW,
-    `keep_columns` go to each item's metadata; `dataset` (hub id or folder) and its `split` add that dataset's
-    rows to the input."""
-
-    column: str | None = None
-    key_column: str | None = None
-    keep_columns: tuple[str, ...] = ()
-    dataset: str | None = None
-    split: str | None = None

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from gemma_embed.config import parse_extensions  # noqa: F401 - re-exported: sources.parse_extensions
+
 
 @functools.cache
 def extensions(modality: str) -> frozenset[str]:
@@ -31,26 +33,6 @@ def extensions(modality: str) -> frozenset[str]:
     else:
         raise ValueError(f"no such modality: {modality}")
     return frozenset(found())
-
-
-def parse_extensions(text: str | Iterable[str] | None) -> tuple[str, ...] | None:
-    """ "jpg,PNG, .webp" -> (".jpg", ".png", ".webp"); None stays None (the modality's own set)."""
-    if text is None:
-        return None
-    parts = text.split(",") if isinstance(text, str) else list(text)
-    found = []
-    for part in parts:
-        ext = str(part).strip().lower()
-        if not ext:
-            continue
-        ext = "." + ext.lstrip(".")
-        if ext == "." or "/" in ext or os.sep in ext:
-            raise ValueError(f"not a file extension: {part!r}")
-        if ext not in found:
-            found.append(ext)
-    if not found:
-        raise ValueError("give at least one extension, e.g. jpg,png")
-    return tuple(found)
 
 
 def read_path_list(stream: IO[bytes] | IO[str], null_separated: bool) -> list[str]:

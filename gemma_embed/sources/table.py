@@ -27,41 +27,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from gemma_embed.config import RESERVED, Collection, parse_columns  # noqa: F401 - parse_columns re-exported
 from gemma_embed.errors import UsageError
 from gemma_embed.media import MediaBytes
-from gemma_embed.sources.base import Collection, Source
+from gemma_embed.sources.base import Source
 
 SUFFIXES = (".parquet",)
 BATCH_ROWS = 16  # rows converted at a time: a batch of 16 large images is tens of MB at most
-# Metadata fields the tool writes for a table's items (file facts, row and name, what the decoders and preparers
-# record): a kept column of one of these names would overwrite one or be overwritten, so it is refused. (A tar
-# member's `caption` and `json` never meet kept columns: a caption column keeps its name.)
-RESERVED = frozenset(
-    {"path", "bytes", "mtime", "sha256", "rows", "row", "name", "warnings"}
-    | {"image_format", "mode", "frames_in_file", "width", "height", "max_soft_tokens", "patches"}
-    | {"resized_width", "resized_height", "frames", "frame_indices", "timestamps", "fps", "duration_s"}
-    | {"total_frames", "rotation", "codec", "rows_per_frame", "sample_rate", "channels", "decoder"}
-    | {"window_s", "windows"}
-)
 
 
 def is_table(path: Path) -> bool:
     return path.name.lower().endswith(SUFFIXES)
-
-
-def parse_columns(text: str | tuple[str, ...] | None) -> tuple[str, ...]:
-    """ "a, b" -> ("a", "b"); names a kept column may not have are refused (ValueError, for --keep-columns)."""
-    if text is None:
-        return ()
-    names = tuple(dict.fromkeys(n.strip() for n in (text.split(",") if isinstance(text, str) else text)))
-    names = tuple(n for n in names if n)
-    clash = [n for n in names if n in RESERVED]
-    if clash:
-        raise ValueError(
-            f"{', '.join(clash)}: the tool writes {'this field' if len(clash) == 1 else 'these fields'} itself; "
-            f"rename the column (or key by it with --key-column)"
-        )
-    return names
 
 
 # ------------------------------------------------------------------------------------------ columns

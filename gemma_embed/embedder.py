@@ -1,0 +1,351 @@
+"""The engine every way in shares: `Embedder(model).embed(list)` from Python, the command line's runs (pipeline.py)
+and `search`'s queries all go through `Embedder.embed_stream`.
+
+    decode -> prepare (worker threads, bounded windows) -> stage 1 -> ... -> stage n (engines: buckets, ragged
+    batches, memory plan, OOM back-off, chunk tuning) -> pool
+
+An Embedder resolves its checkpoint, device and dtype once, and builds a command's stages the first time that
+command is asked for (from the family registry, checking every option before any tensor is read); towers are
+loaded only then, and a tower two commands share (images and video: the vision tower) is loaded once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from gemma_embed.config import MEDIA_MODALITIES, Modality, Pool, RunConfig, Space
+from gemma_embed.decoding import WINDOW_ITEMS, Prepared, prepared_stream
+from gemma_embed.errors import ItemError, UsageError
+from gemma_embed.modalities import ModalityStages
+from gemma_embed.sources.base import Source
+
+# Decode the next window while a CPU encodes this one? Off: on the CPU they compete for the same cores
+# (bench/README.md has the measurements); on an accelerator the overlap is always on.
+OVERLAP_ON_CPU = False
+# A decode window holds about this many seconds of encode work at the measured rate: items leave (written,
+# reported) within seconds of the start, and a stop loses little, while a GPU still gets full buckets.
+WINDOW_SECONDS = 4.0
+# What a command's stages depend on besides the checkpoint: a change in any of them is another set of stages.
+STAGE_OPTIONS = ("space", "pool", "dim", "prompt", "prompt_name", "max_soft_tokens", "fps", "max_frames", "window_s")
+
+
+class Sink(Protocol):
+    """Where finished items go, in completion order (the writer and reporter for a run; a list for `embed`)."""
+
+    def reused(self, prepared: Prepared) -> None: ...
+
+    def failed(self, error: ItemError, warnings: list[str] | None = None) -> None: ...
+
+    def done(self, prepared: Prepared, rows) -> None: ...
+
+
+@dataclass
+class Route:
+    """One command's stages and the engines that run them, for one set of stage options."""
+
+    stages: ModalityStages
+    engines: list
+    loaded: bool = False
+
+    @property
+    def pacer(self):
+        """The engine whose measured rate sizes the decode windows (the first stage items go through)."""
+        return self.engines[0]
+
+    def chunking(self, batch_size: int | None) -> dict:
+        report = [e.tuner.report() if e.tuner else {"fixed": batch_size} for e in self.engines]
+        if len(report) == 1 and self.stages.space != Space.retrieval:
+            return report[0]
+        # Retrieval vectors: by stage, as the output's readers know them (stage1: the tower; none for text).
+        return {"stage1": report[0] if len(report) > 1 else None, "stage2": report[-1]}
+
+
+@dataclass
+class _Collected:
+    """A Sink for `embed`: each input's pooled rows, or its failure, in its slot."""
+
+    results: list
+    order: dict[str, int] = field(default_factory=dict)
+
+    def reused(self, prepared: Prepared) -> None:  # pragma: no cover - embed() looks nothing up
+        raise AssertionError("embed() reuses nothing")
+
+    def failed(self, error: ItemError, warnings: list[str] | None = None) -> None:
+        error.warnings = error.warnings or list(warnings or [])
+        self.results[self.order[error.key]] = error
+
+    def done(self, prepared: Prepared, rows) -> None:
+        self.results[self.order[prepared.source.key]] = rows
+
+
+class Embedder:
+    """A checkpoint ready to embed: `embed(inputs)` (rows per input) and `encode(inputs)` (an [N, D] array of
+    pooled or retrieval vectors, as `SentenceTransformer.encode` returns).
+
+    Options are the command line's (RunConfig fields): `space`, `pool`, `dim`, `prompt_name`, `prompt`,
+    `max_soft_tokens`, `fps`, `max_frames`, `window_s`, `batch_size`, `memory_budget`, `workers`, `revision`.
+    """
+
+    def __init__(self, model: str | os.PathLike, device: str = "auto", dtype: str = "auto", **options: Any):
+        self._setup(RunConfig(model=str(model), device=device, dtype=dtype, **options))
+
+    @classmethod
+    def from_config(
+        cls, config: RunConfig, reporter=None, should_stop: Callable[[], None] | None = None, local_rank: int = 0
+    ) -> Embedder:
+        """The Embedder of a run (the pipeline's): its options, its reporter, its stop flag, its rank's device."""
+        embedder = cls.__new__(cls)
+        embedder._setup(config, reporter, should_stop, local_rank)
+        return embedder
+
+    def _setup(self, config: RunConfig, reporter=None, should_stop=None, local_rank: int = 0) -> None:
+        from gemma_embed.device import choose_dtype, resolve_device, use_device
+        from gemma_embed.models.loading import resolve_checkpoint, stored_dtype
+
+        try:
+            config.check()
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        self.config = config
+        self.reporter = reporter
+        self.should_stop = should_stop
+        self.device = resolve_device(config.device, local_rank)
+        use_device(self.device)
+        self.checkpoint = resolve_checkpoint(config.model, config.revision)
+        stored = stored_dtype(self.checkpoint) if config.dtype == "auto" else (None, "")  # the checkpoint's dtype
+        self.dtype_choice = choose_dtype(config.dtype, self.device, *stored)
+        self._routes: dict[tuple, Route] = {}
+        self._towers: dict[tuple, Any] = {}  # loaded towers, shared between commands
+
+    # ------------------------------------------------------------------------------------------ stages
+    @property
+    def dtype(self):
+        return self.dtype_choice.dtype
+
+    @property
+    def model_type(self) -> str:
+        return getattr(self.checkpoint.config, "model_type", "")
+
+    def route(self, modality: str | Modality, **options: Any) -> Route:
+        """The stages of one command with these options (the Embedder's own, updated by `options`), checked and
+        built on first use, towers not loaded yet."""
+        from gemma_embed.engine import Engine
+        from gemma_embed.models import registry
+
+        config = dataclasses.replace(self.config, modality=Modality(modality), **options)
+        key = (config.modality, *(getattr(config, name) for name in STAGE_OPTIONS))
+        if key not in self._routes:
+            chosen = registry.resolve(config, self.checkpoint)  # every usage error, from configs alone
+            stages = chosen.build(config, self.checkpoint, self.device, self.dtype)
+            for stage in stages.chain:  # one tower object per tower, whichever command asks
+                stage_key = (type(stage.tower).__name__, getattr(stage.tower, "dim", None))
+                shared = self._towers.setdefault(stage_key, stage.tower)
+                if shared is not stage.tower:
+                    object.__setattr__(stage, "tower", shared)
+            engines = [
+                Engine(
+                    stage.tower,
+                    str(stage.space),
+                    config.memory_budget,
+                    config.batch_size,
+                    self.reporter,
+                    self.should_stop,
+                )
+                for stage in stages.chain
+            ]
+            self._routes[key] = Route(stages, engines)
+        return self._routes[key]
+
+    def stages(self, modality: str | Modality, **options: Any) -> ModalityStages:
+        return self.route(modality, **options).stages
+
+    def load(self, modality: str | Modality, **options: Any) -> Route:
+        """The command's route with its towers' weights read (each tower once)."""
+        route = self.route(modality, **options)
+        if not route.loaded:
+            for tower in route.stages.towers:
+                tower.load()
+            route.loaded = True
+        return route
+
+    # ------------------------------------------------------------------------------------------ streaming
+    def embed_stream(
+        self,
+        sources: Iterable[Source],
+        modality: str | Modality,
+        sink: Sink,
+        lookup=None,
+        window_items: int | None = None,
+        **options: Any,
+    ) -> Route:
+        """Every source through decode, prepare and the command's chain of stages; `sink` gets each item as it
+        finishes (reused by `lookup`, failed, or its pooled rows), in completion order. Returns the route (its
+        engines' chunking, backoffs and peaks)."""
+        from gemma_embed.engine import encode_chain
+        from gemma_embed.pooling import pool_rows
+
+        route = self.load(modality, **options)
+        stages, pool = route.stages, Pool(options.get("pool", self.config.pool))
+        window = max(1, min(stages.window_items or WINDOW_ITEMS, window_items or WINDOW_ITEMS))
+        pacer = route.pacer
+        windows = prepared_stream(
+            stages,
+            sources,
+            self.config.workers,
+            window,
+            lookup=lookup,
+            overlap=self.device.type != "cpu" or OVERLAP_ON_CPU,
+            enough_work=lambda units, work: pacer.enough_work(units, work, WINDOW_SECONDS),
+        )
+        engines = route.engines
+        feeds = [stage.feed for stage in stages.chain]
+        for batch in windows:
+            if self.should_stop is not None:
+                self.should_stop()
+            to_encode = []
+            for p in batch:
+                if p.reuse is not None:
+                    sink.reused(p)
+                elif p.error is not None:
+                    sink.failed(p.error)
+                else:
+                    to_encode.append(p)
+
+            def finished(index: int, rows, to_encode=to_encode) -> None:
+                p = to_encode[index]
+                if isinstance(rows, ItemError):
+                    sink.failed(rows, p.warnings)
+                else:
+                    sink.done(p, pool_rows(rows, pool, p.item.rows_per_unit))
+
+            encode_chain(engines, feeds, [p.item for p in to_encode], [p.source.key for p in to_encode], finished)
+            # Let this window's prepared tensors go now: the loop variable would hold them while the next
+            # window decodes (measured: ~150 MB of pixels at a 100-item window of 70-token images).
+            batch.clear()
+            to_encode.clear()
+        return route
+
+    # ------------------------------------------------------------------------------------------ in memory
+    def embed(self, inputs: Sequence[Any], modality: str | Modality | None = None, **options: Any) -> list:
+        """One result per input, in order: its rows (a float tensor, pooled as `pool` says), or an `ItemError`
+        for an input that cannot be embedded. Inputs: file paths (`str` or `Path`), bytes, PIL images, audio as
+        `(samples, sample_rate)` or `{"array": ..., "sampling_rate": ...}`, and strings of text.
+
+        Without `modality`, each input's kind is its type's: a PIL image is an image, audio is a pair with a rate;
+        a `Path` (or a `str` where the checkpoint embeds no text) is a file, of the command whose decoders take
+        its extension; a `str` is text where the checkpoint embeds text (as in sentence-transformers: pass
+        `modality="images"` to read paths instead)."""
+        results: list = [None] * len(inputs)
+        by_modality: dict[Modality, list[Source]] = {}
+        for index, value in enumerate(inputs):
+            key = f"input{index}"
+            try:
+                kind = Modality(modality) if modality is not None else self._modality_of(value)
+                by_modality.setdefault(kind, []).append(_source(key, value, kind, index))
+            except (UsageError, ValueError, TypeError) as exc:
+                results[index] = ItemError(key, "find", str(exc), type(exc).__name__)
+        for kind, sources in by_modality.items():
+            sink = _Collected(results, {s.key: s.position for s in sources})
+            self.embed_stream(sources, kind, sink, **options)
+        return results
+
+    def encode(
+        self,
+        inputs: Sequence[Any],
+        modality: str | Modality | None = None,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        dim: int | None = None,
+    ):
+        """An [N, D] float32 numpy array, one row per input: retrieval vectors, or a tower's rows mean-pooled;
+        ItemError is raised for the first input that cannot be embedded (`embed` keeps going instead)."""
+        import numpy as np
+
+        options: dict[str, Any] = {"prompt_name": prompt_name, "prompt": prompt, "dim": dim}
+        options = {name: value for name, value in options.items() if value is not None}
+        if self._space(modality, inputs) != Space.retrieval:
+            options["pool"] = Pool.mean
+        rows = self.embed(inputs, modality, **options)
+        failed = next((r for r in rows if isinstance(r, ItemError)), None)
+        if failed is not None:
+            raise failed
+        width = int(rows[0].shape[-1]) if rows else 0
+        return np.stack([r.float().reshape(-1).numpy() for r in rows]) if rows else np.zeros((0, width), np.float32)
+
+    def encode_query(self, inputs: Sequence[Any], **options: Any):
+        """`encode` with the checkpoint's `query` prompt, as sentence-transformers' `encode_query`."""
+        return self.encode(inputs, prompt_name="query", **options)
+
+    def encode_document(self, inputs: Sequence[Any], **options: Any):
+        """`encode` with the checkpoint's `document` prompt, as sentence-transformers' `encode_document`."""
+        return self.encode(inputs, prompt_name="document", **options)
+
+    def _space(self, modality, inputs) -> Space:
+        kinds = {Modality(modality)} if modality is not None else set()
+        if not kinds:
+            for value in inputs:
+                try:
+                    kinds.add(self._modality_of(value))
+                except (UsageError, ValueError, TypeError):
+                    continue
+        spaces = {self.route(kind).stages.space for kind in kinds}
+        return Space.retrieval if spaces == {Space.retrieval} else Space.language
+
+    def _modality_of(self, value: Any) -> Modality:
+        from gemma_embed.models.registry import find_family
+
+        family = find_family(self.checkpoint.config)
+        supported = set(family.commands) if family is not None else set()
+        if _is_pil(value):
+            return Modality.images
+        if _is_audio(value):
+            return Modality.audio
+        if isinstance(value, str) and Modality.text in supported:
+            return Modality.text
+        if isinstance(value, (str, Path)):
+            from gemma_embed.sources.files import extensions
+
+            suffix = Path(value).suffix.lower()
+            for kind in (Modality.images, Modality.video, Modality.audio):
+                if kind in supported and suffix in extensions(kind):
+                    return kind
+            raise ValueError(f"{value}: no command of this checkpoint reads {suffix or 'files without a suffix'}")
+        if isinstance(value, (bytes, bytearray)):
+            media = sorted(m for m in supported if m.is_media)
+            if len(media) == 1:
+                return media[0]
+            raise ValueError("bytes of which kind? pass modality= (images, video or audio)")
+        raise TypeError(
+            f"cannot embed a {type(value).__name__}: give a path, bytes, a PIL image, (samples, rate) or text"
+        )
+
+
+def _is_pil(value: Any) -> bool:
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - Pillow is a dependency
+        return False
+    return isinstance(value, Image.Image)
+
+
+def _is_audio(value: Any) -> bool:
+    if isinstance(value, dict):
+        return "array" in value and "sampling_rate" in value
+    return isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], int) and hasattr(value[0], "shape")
+
+
+def _source(key: str, value: Any, modality: Modality, position: int) -> Source:
+    """An in-memory input as a Source: a file by its path, bytes and text by their bytes, other values as they
+    are (the modality's decoder takes them)."""
+    if isinstance(value, Path) or (isinstance(value, str) and modality in MEDIA_MODALITIES):
+        return Source(key, str(value), position=position)
+    if isinstance(value, str):  # text: as the command line reads a line
+        return Source(key, key, position=position, data=value.encode("utf-8"))
+    if isinstance(value, (bytes, bytearray)):
+        return Source(key, key, position=position, data=bytes(value))
+    return Source(key, key, position=position, value=value)

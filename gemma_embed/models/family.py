@@ -1,0 +1,51 @@
+"""What a model family declares: the checkpoints it recognises, the commands and spaces it supports, and how it
+builds each command's stages. One `Family` per module in `models/`; `models/registry.py` lists them.
+
+Everything a family answers before building comes from the checkpoint's config alone, so every usage error
+(an unsupported command, space, --pool or --dim) is raised before any tensor is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gemma_embed.config import Modality, Pool, RunConfig, Space
+
+# (config, checkpoint, device, dtype, space) -> modalities.ModalityStages, its towers built but not loaded.
+Build = Callable[[RunConfig, Any, Any, Any, Space], Any]
+
+
+@dataclass(frozen=True)
+class Support:
+    """How a family serves one command."""
+
+    build: Build
+    spaces: tuple[Space, ...]  # the spaces it can give; the first is what --space auto means
+    pools: tuple[Pool, ...] = (Pool.none, Pool.mean)
+    # The tower sub-config the command runs ("vision", its model_type): named in the error for a checkpoint whose
+    # tower of that kind is of another type.
+    tower: tuple[str, str] | None = None
+    # Pools that apply only to some spaces: (space, pools) overrides `pools` there (retrieval vectors are one row).
+    pools_by_space: dict[Space, tuple[Pool, ...]] = field(default_factory=dict)
+
+    def pools_for(self, space: Space) -> tuple[Pool, ...]:
+        return self.pools_by_space.get(space, self.pools)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # as people call it: "Gemma 4"
+    model_types: tuple[str, ...]  # the checkpoint config's `model_type` values it recognises
+    examples: tuple[str, ...]  # hub ids, for `gemma-embed models` and the README
+    commands: dict[Modality, Support]
+    # Checks that refuse an option combination for this family before anything loads (e.g. a dtype it cannot
+    # compute): (config, space) -> None, or UsageError.
+    check: Callable[[RunConfig, Space], None] | None = None
+
+    def recognises(self, config: Any) -> bool:
+        return getattr(config, "model_type", None) in self.model_types
+
+    def spaces(self) -> tuple[Space, ...]:
+        return tuple(dict.fromkeys(space for support in self.commands.values() for space in support.spaces))

@@ -1,0 +1,150 @@
+"""The model families gemma-embed runs, and the one place that decides what a checkpoint can do.
+
+A family is one module in `models/` exposing `FAMILY` (a `models.family.Family`); adding one is that module plus
+its line in `FAMILY_MODULES`. Everything here answers from the checkpoint's config alone: `resolve` checks the
+command, space, --pool, --dim and prompts before any tensor is read, and the error for an unsupported checkpoint,
+`gemma-embed models` and the README's table of supported models come from the same table.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+
+from gemma_embed.config import Modality, RunConfig, Space
+from gemma_embed.errors import CheckpointError, UsageError
+from gemma_embed.models.family import Family, Support
+
+FAMILY_MODULES = (
+    "gemma_embed.models.gemma4",
+    "gemma_embed.models.gemma3n",
+    "gemma_embed.models.embeddinggemma2",
+)
+
+
+@functools.cache
+def families() -> tuple[Family, ...]:
+    return tuple(importlib.import_module(name).FAMILY for name in FAMILY_MODULES)
+
+
+def find_family(config) -> Family | None:
+    """The family that recognises this checkpoint config, or None."""
+    return next((family for family in families() if family.recognises(config)), None)
+
+
+@dataclass(frozen=True)
+class Route:
+    """What a run of one command on one checkpoint will be, decided before anything loads."""
+
+    family: Family
+    support: Support
+    space: Space
+
+    def build(self, config: RunConfig, checkpoint, device, dtype):
+        """The command's stages, towers built but not loaded (only configs and processor files are read)."""
+        return self.support.build(config, checkpoint, device, dtype, self.space)
+
+
+def resolve(config: RunConfig, checkpoint) -> Route:
+    """The family, its support for `config.modality` and the space the run gives; UsageError (or CheckpointError)
+    in one line for anything the checkpoint cannot do with these options."""
+    modality = Modality(config.modality)
+    family = find_family(checkpoint.config)
+    support = family.commands.get(modality) if family is not None else None
+    space = _space(config, modality, support)
+    if support is None or space not in support.spaces:
+        raise _unsupported(checkpoint, modality, space)
+    if space != Space.retrieval and (config.dim is not None or config.prompt is not None or config.prompt_name):
+        raise UsageError("--dim, --prompt and --prompt-name apply to EmbeddingGemma 2 retrieval vectors only")
+    pools = support.pools_for(space)
+    if config.pool not in pools:
+        raise UsageError(f"--pool {config.pool} does not apply to {modality} (choose {', '.join(map(str, pools))})")
+    if family.check is not None:
+        family.check(config, space)
+    return Route(family, support, space)
+
+
+def _space(config: RunConfig, modality: Modality, support: Support | None) -> Space:
+    space = Space(config.space)
+    if modality == Modality.text and space not in (Space.auto, Space.retrieval):
+        raise UsageError("text has no tower rows: --space retrieval (EmbeddingGemma 2) is the only one")
+    if space != Space.auto:
+        return space
+    if support is not None:
+        return support.spaces[0]
+    return Space.retrieval if modality == Modality.text else Space.language
+
+
+def _unsupported(checkpoint, modality: Modality, space: Space) -> CheckpointError:
+    """Why this checkpoint cannot give `space` for `modality`, naming what can, from the families' table."""
+    model_type = getattr(checkpoint.config, "model_type", "?")
+    if space == Space.retrieval:
+        able = [f for f in families() if space in getattr(f.commands.get(modality), "spaces", ())]
+        names = " or ".join(f.name for f in able)
+        types = ", ".join(t for f in able for t in f.model_types)
+        return CheckpointError(
+            f"{checkpoint.source}: {modality} to retrieval vectors need an {names} checkpoint "
+            f"(model type {types}); this one is {model_type}"
+        )
+    kind = next(s.tower[0] for f in families() if (s := f.commands.get(modality)) and s.tower)
+    wanted: dict[str, list[str]] = {}
+    for family in families():
+        support = family.commands.get(modality)
+        if support is not None and support.tower is not None and space in support.spaces:
+            wanted.setdefault(support.tower[1], []).append(family.name)
+    described = "; ".join(f"{tower} ({' and '.join(names)} checkpoints)" for tower, names in wanted.items())
+    found = getattr(getattr(checkpoint.config, f"{kind}_config", None), "model_type", None)
+    if found is None:
+        return CheckpointError(
+            f"{checkpoint.source}: this {model_type} checkpoint has no {kind} tower; {modality} need one of "
+            f"type {described}"
+        )
+    return CheckpointError(
+        f"{checkpoint.source}: {modality} need a {kind} tower of type {described}; this {model_type} checkpoint's "
+        f"is {found}, which is not supported"
+    )
+
+
+def models_table() -> list[dict]:
+    """One row per family: its name, example hub ids, commands and spaces (for `gemma-embed models` and the
+    README)."""
+    return [
+        {
+            "family": family.name,
+            "model_types": list(family.model_types),
+            "examples": list(family.examples),
+            "commands": [str(m) for m in family.commands],
+            "spaces": [str(s) for s in family.spaces()],
+        }
+        for family in families()
+    ]
+
+
+def models_markdown() -> str:
+    """The README's table of supported models."""
+    lines = ["| family | model type | example hub ids | commands | spaces |", "|---|---|---|---|---|"]
+    for row in models_table():
+        lines.append(
+            f"| {row['family']} | {', '.join(row['model_types'])} | {', '.join(f'`{e}`' for e in row['examples'])} "
+            f"| {', '.join(row['commands'])} | {', '.join(row['spaces'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def models_text() -> str:
+    """`gemma-embed models`: the table as aligned plain text."""
+    header = ["family", "model type", "example hub ids", "commands", "spaces"]
+    rows = [
+        [
+            r["family"],
+            ", ".join(r["model_types"]),
+            ", ".join(r["examples"]),
+            ", ".join(r["commands"]),
+            ", ".join(r["spaces"]),
+        ]
+        for r in models_table()
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
+    return "\n".join(lines) + "\n"

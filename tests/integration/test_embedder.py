@@ -1,0 +1,103 @@
+"""`Embedder`: the engine from Python, in memory. Its rows are the command line's, bit for bit, on the same inputs
+(the command line is the same stream: sources -> Embedder -> store), and a bad input is an ItemError in its slot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import ROOT, run_images
+
+import gemma_embed
+from gemma_embed.embedder import Embedder
+from gemma_embed.errors import ItemError
+
+GEMMA4 = ROOT / "samples" / "tiny-gemma4"
+EG2 = ROOT / "samples" / "tiny-embeddinggemma2"
+IMAGES = sorted((ROOT / "samples" / "media" / "images").iterdir())
+AUDIO = ROOT / "samples" / "media" / "audio"
+
+
+@pytest.fixture(scope="module")
+def gemma4() -> Embedder:
+    return Embedder(GEMMA4, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def cli_rows(tmp_path_factory) -> dict:
+    """The command line's rows for the sample images (run in-process as the CLI runs it)."""
+    out = tmp_path_factory.mktemp("cli") / "images.safetensors"
+    code, _, _ = run_images([str(p) for p in IMAGES], GEMMA4, out)
+    assert code == 0
+    return gemma_embed.load(out)
+
+
+def test_embed_paths_equals_the_command_line_bit_for_bit(gemma4, cli_rows):
+    rows = gemma4.embed([str(p) for p in IMAGES])
+    assert len(rows) == len(IMAGES)
+    for path, got in zip(IMAGES, rows, strict=True):
+        assert torch.equal(got, cli_rows[str(path)]), path.name
+
+
+def test_embed_pil_images_equals_the_command_line_bit_for_bit(gemma4, cli_rows):
+    """PIL images as a caller opened them (not converted, not rotated): the Embedder turns them upright and to RGB
+    exactly as it decodes the files."""
+    from PIL import Image
+
+    opened = [Image.open(p) for p in IMAGES]
+    try:
+        rows = gemma4.embed(opened)
+    finally:
+        for image in opened:
+            image.close()
+    for path, got in zip(IMAGES, rows, strict=True):
+        assert torch.equal(got, cli_rows[str(path)]), path.name
+
+
+def test_a_bad_input_is_an_item_error_in_its_slot(gemma4, tmp_path):
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not a png at all")
+    rows = gemma4.embed([str(IMAGES[0]), str(broken), str(IMAGES[1])])
+    assert isinstance(rows[1], ItemError) and "not a recognised image format" in rows[1].message
+    assert all(isinstance(r, torch.Tensor) for r in (rows[0], rows[2]))
+    assert isinstance(gemma4.embed([12345])[0], ItemError)  # a type nothing decodes: also in its slot
+
+
+def test_audio_samples_equal_the_file_they_came_from(gemma4):
+    """(samples, rate) goes through the same downmix and resampler as the file's samples: the same rows."""
+    import soundfile
+
+    path = AUDIO / "stereo-44k.flac"
+    samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+    from_file, from_array, as_dict = gemma4.embed(
+        [path, (samples.T, rate), {"array": samples.T, "sampling_rate": rate}]
+    )
+    assert torch.equal(from_file, from_array) and torch.equal(from_file, as_dict)
+
+
+def test_encode_text_equals_the_text_command(tmp_path):
+    lines = ["a photo of a cat", "the quick brown fox jumps over the lazy dog", "x"]
+    source = tmp_path / "lines.txt"
+    source.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "text.safetensors"
+    code, _, _ = run_images([str(source)], EG2, out, modality="text")
+    assert code == 0
+    written = gemma_embed.load(out)
+    vectors = Embedder(EG2, device="cpu").encode(lines)
+    assert vectors.shape == (3, written[f"{source}:1"].shape[-1]) and vectors.dtype == np.float32
+    for number, vector in enumerate(vectors, start=1):
+        assert np.array_equal(vector, written[f"{source}:{number}"][0].numpy())
+
+
+def test_encode_pools_soft_tokens_and_keeps_the_order(gemma4):
+    vectors = gemma4.encode([Path(p) for p in IMAGES[:3]])
+    assert vectors.shape[0] == 3
+    for path, vector in zip(IMAGES[:3], vectors, strict=True):
+        (alone,) = gemma4.embed([str(path)])
+        assert np.allclose(vector, alone.float().mean(dim=0).numpy(), rtol=0, atol=1e-6)
+
+
+def test_one_vision_tower_serves_images_and_video(gemma4):
+    assert gemma4.load("images").stages.chain[0].tower is gemma4.load("video").stages.chain[0].tower
