@@ -65,6 +65,10 @@ class Dtype(Choice):
     float16 = "float16"
 
 
+# The one table of dtype names: torch's name (torch.<name>) -> safetensors' code in a file header.
+DTYPE_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64"}
+
+
 class OutputDtype(Choice):
     float32 = "float32"
     float16 = "float16"

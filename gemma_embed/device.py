@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from gemma_embed import memory
+from gemma_embed.config import Dtype
 from gemma_embed.errors import UsageError
 
 
@@ -46,7 +47,7 @@ def use_device(device: torch.device) -> None:
         torch.cuda.set_device(device)
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {str(name): getattr(torch, str(name)) for name in Dtype if name != Dtype.auto}  # --dtype's names
 
 
 # CPU flags of bf16 matrix instructions: AMX tiles (Sapphire Rapids and later) and AVX512-BF16 dot products

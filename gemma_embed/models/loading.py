@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gemma_embed.config import looks_like_path
+from gemma_embed.config import DTYPE_CODES, looks_like_path
 from gemma_embed.errors import CheckpointError
 
 CONFIG_FILE = "config.json"
@@ -160,7 +160,7 @@ def resolve_checkpoint(model: str, revision: str | None = None) -> Checkpoint:
 
 
 # safetensors' dtype names for the floating-point dtypes a checkpoint stores.
-STORED_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+STORED_DTYPES = {code: name for name, code in DTYPE_CODES.items() if name.startswith(("float", "bfloat"))}
 TOWER_KEY_PARTS = ("vision_tower.", "audio_tower.", "embed_vision.", "embed_audio.")
 
 

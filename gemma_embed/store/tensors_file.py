@@ -22,9 +22,11 @@ from pathlib import Path
 import torch
 
 from gemma_embed import FORMAT, __version__
+from gemma_embed.config import DTYPE_CODES
+from gemma_embed.device import dtype_name
 from gemma_embed.store.layout import atomic_file
 
-SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64"}
+SAFETENSORS_DTYPES = {getattr(torch, name): code for name, code in DTYPE_CODES.items() if name != "float64"}
 HEADER_ALIGNMENT = 8  # the data section starts 8-byte aligned, as safetensors' own writer pads it
 
 
@@ -34,7 +36,7 @@ def file_metadata(header: dict[str, str], dtype: torch.dtype, keys: list[str], i
         **header,
         "format": FORMAT,
         "created_by": f"gemma-embed {__version__}",
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": dtype_name(dtype),
         # ASCII JSON: file names that are not UTF-8 (surrogate-escaped by Python) survive the round trip.
         "keys": json.dumps(keys, ensure_ascii=True),
         "items": json.dumps(items, ensure_ascii=True),

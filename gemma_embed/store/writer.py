@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from gemma_embed.device import DTYPES
+from gemma_embed.device import DTYPES, dtype_name
 from gemma_embed.errors import UsageError
 from gemma_embed.store import tensors_file
 from gemma_embed.store.layout import (
@@ -68,7 +68,7 @@ class EmbeddingWriter:
         self.path = Path(path)
         self.parts = parts_folder(self.path)
         self.dtype = DTYPES[str(output_dtype)]
-        self.header = {**header, "dtype": str(self.dtype).removeprefix("torch.")}
+        self.header = {**header, "dtype": dtype_name(self.dtype)}
         self.flush_every = flush_every
         self.flush_seconds = flush_seconds
         self.prune = prune
