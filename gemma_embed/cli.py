@@ -17,11 +17,23 @@ from typing import Annotated
 import typer
 
 from gemma_embed import __version__
-from gemma_embed.config import Dtype, ExportFormat, RunConfig, option_of
+from gemma_embed.config import Choice, Dtype, ExportFormat, RunConfig, option_of
 from gemma_embed.errors import GemmaEmbedError, UsageError
+
+
+class _Group(typer.core.TyperGroup):
+    """The top-level help: flags without a `<bool>` beside them."""
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
 
 app = typer.Typer(
     name="gemma-embed",
+    cls=_Group,
     help="Turn piles of images, video and audio into Gemma encoder-tower embeddings (.safetensors).",
     no_args_is_help=True,
     add_completion=False,
@@ -74,19 +86,34 @@ def _paths(command: str) -> inspect.Parameter:
     )
 
 
-def _callback(spec):
-    """Typer callback: the option's value parsed (once, here) and checked, a ValueError becoming a usage error."""
+def _callback(spec=None, choices: type[Choice] | None = None):
+    """Typer callback: the option's value parsed (once, here) and checked, a ValueError becoming a usage error.
+    A fixed set of values (`choices`) is read here too, so a wrong one is one plain line naming the choices."""
 
     def callback(value):
         try:
-            parsed = spec.parse(value) if spec.parse else value
-            if spec.check:
+            if choices is not None and value is not None:
+                value = _choose(choices, value)
+            parsed = spec.parse(value) if spec is not None and spec.parse else value
+            if spec is not None and spec.check:
                 spec.check(parsed)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         return parsed
 
     return callback
+
+
+def _choose(choices: type[Choice], value) -> Choice:
+    try:
+        return choices(value)
+    except ValueError:
+        names = [str(c) for c in choices]
+        raise ValueError(f"{value!r}: choose {', '.join(names[:-1])} or {names[-1]}") from None
+
+
+def _is_choice(kind) -> bool:
+    return isinstance(kind, type) and issubclass(kind, Choice)
 
 
 def _parameters(command: str) -> list[inspect.Parameter]:
@@ -100,12 +127,15 @@ def _parameters(command: str) -> list[inspect.Parameter]:
         long_name = spec.long or "--" + f.name.replace("_", "-")
         kind = spec.cli_type or hints[f.name]
         default = spec.cli_default if spec.cli_type else f.default
+        choices = kind if _is_choice(kind) else None
+        if choices is not None:  # parsed by the callback: Typer's own enum check words its error oddly
+            kind, default = str, str(default)
         declared = typer.Option(
             long_name,
             *spec.flags,
-            help=spec.help,
+            help=spec.help_for(command),
             rich_help_panel=spec.panel,
-            callback=_callback(spec) if (spec.check or spec.parse) else None,
+            callback=_callback(spec, choices) if (spec.check or spec.parse or choices) else None,
             metavar="" if kind is bool else spec.metavar,  # a flag takes no value: no type column
             show_default=default is not None and default is not False,
         )
@@ -221,6 +251,12 @@ plan.__signature__ = inspect.Signature(_parameters("plan"))
 app.command("plan", cls=_Command)(plan)
 
 
+def _at_least_one(value: int) -> int:
+    if value < 1:
+        raise typer.BadParameter(f"must be at least 1, got {value}")
+    return value
+
+
 @app.command("search", cls=_Command)
 def search_index(
     index: Annotated[Path, typer.Argument(help="An output to search (.safetensors or .index.json).")],
@@ -228,7 +264,9 @@ def search_index(
     image: Annotated[Path | None, typer.Option(help="Look for this image instead.", metavar="FILE")] = None,
     video: Annotated[Path | None, typer.Option(help="Look for this video instead.", metavar="FILE")] = None,
     audio: Annotated[Path | None, typer.Option(help="Look for this audio file instead.", metavar="FILE")] = None,
-    top: Annotated[int, typer.Option("-k", "--top", help="Hits to show.", metavar="K", min=1)] = 10,
+    top: Annotated[
+        int, typer.Option("-k", "--top", help="Hits to show (at least 1).", metavar="K", callback=_at_least_one)
+    ] = 10,
     jsonl: Annotated[bool, typer.Option("--jsonl", help="One JSON record per hit.", metavar="")] = False,
     html_file: Annotated[
         Path | None, typer.Option("--html", help="Also write a page with thumbnails and players.", metavar="FILE")
@@ -237,7 +275,9 @@ def search_index(
         str | None, typer.Option(help="Default: the index's model (another is refused).", metavar="ID|DIR")
     ] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.", metavar="DEV")] = "auto",
-    dtype: Annotated[Dtype, typer.Option(help="As for the embedding commands.", metavar="DTYPE")] = Dtype.auto,
+    dtype: Annotated[
+        str, typer.Option(help="As for the embedding commands.", metavar="DTYPE", callback=_callback(choices=Dtype))
+    ] = "auto",
     prompt_name: Annotated[
         str | None, typer.Option(help="The query's prompt (default: the checkpoint's query).", metavar="NAME")
     ] = None,
@@ -298,7 +338,12 @@ def inspect_output(
 @app.command("export", cls=_Command)
 def export_output(
     path: Annotated[Path, typer.Argument(help="A gemma-embed output (.safetensors or .index.json).")],
-    to: Annotated[ExportFormat, typer.Option("--to", help="parquet or npy (+ .keys.txt).", metavar="FORMAT")],
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to", help="parquet or npy (+ .keys.txt).", metavar="FORMAT", callback=_callback(choices=ExportFormat)
+        ),
+    ],
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="Default: OUT.parquet / OUT.npy beside it.", metavar="FILE")
     ] = None,
@@ -327,7 +372,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def main_options(
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.", metavar="")
     ] = False,
 ) -> None:
     """gemma-embed: Gemma encoder-tower embeddings for large piles of media."""

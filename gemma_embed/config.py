@@ -189,6 +189,11 @@ class Option:
     cli_default: Any = None
     parse: Callable[[Any], Any] | None = None
     metavar: str | None = None
+    # (command, help) where one command's help differs (--pool: only video has frames).
+    help_by_command: tuple[tuple[str, str], ...] = ()
+
+    def help_for(self, command: str) -> str:
+        return dict(self.help_by_command).get(command, self.help)
 
 
 def option(default: Any, help: str, **spec: Any) -> Any:
@@ -275,7 +280,9 @@ class RunConfig:
     """
 
     # Input -----------------------------------------------------------------------------------------------
-    modality: Modality = option(Modality.images, "What the paths hold.", commands=PLAN, metavar="KIND")
+    modality: Modality = option(
+        Modality.images, "What the paths hold: images, video, audio or text.", commands=PLAN, metavar="KIND"
+    )
     inputs: tuple[str, ...] = ()  # files, folders or "-": the commands' PATH argument
     ext: tuple[str, ...] | None = option(
         None,
@@ -290,8 +297,12 @@ class RunConfig:
     )
     max_soft_tokens: int | None = option(
         None,
-        "70, 140, 280, 560 or 1120 per image or frame.",
+        "70, 140, 280, 560 or 1120 per image or frame (default: the checkpoint's processor's).",
         commands=("images", "video", "plan"),
+        help_by_command=(
+            ("images", "70, 140, 280, 560 or 1120 per image (default: the checkpoint's; Gemma 4: 280)."),
+            ("video", "70, 140, 280, 560 or 1120 per frame (default: the checkpoint's; Gemma 4: 70)."),
+        ),
         check=soft_token_budget,
         metavar="N",
     )
@@ -390,8 +401,9 @@ class RunConfig:
     )
     pool: Pool = option(
         Pool.none,
-        "none, mean, or frame (one per frame).",
+        "none (every row) or mean (one row).",
         commands=MEDIA,
+        help_by_command=(("video", "none (every row), mean (one row), or frame (one row per frame)."),),
         panel=OUTPUT,
         metavar="POOL",
     )

@@ -1,0 +1,68 @@
+"""Help as a new user reads it, and a wrong choice as one plain line (issue: first contact)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from gemma_embed import cli
+
+
+def help_text(*args: str) -> str:
+    result = CliRunner().invoke(cli.app, [*args, "--help"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def option_line(text: str, name: str) -> str:
+    (line,) = [line for line in text.splitlines() if re.search(rf"\s{re.escape(name)}\s", line)]
+    return " ".join(line.strip("│ ").split())
+
+
+def test_top_level_flags_show_no_type():
+    text = help_text()
+    assert option_line(text, "--version") == "--version Print the version."
+    assert option_line(text, "--help") == "--help Show this message and exit."
+
+
+def test_only_video_offers_pool_frame():
+    assert "frame" in option_line(help_text("video"), "--pool")
+    for command in ("images", "audio"):
+        assert (
+            option_line(help_text(command), "--pool")
+            == "--pool POOL none (every row) or mean (one row). [default: none]"
+        )
+
+
+def test_max_soft_tokens_says_its_default():
+    assert option_line(help_text("images"), "--max-soft-tokens").endswith("(default: the checkpoint's; Gemma 4: 280).")
+    assert option_line(help_text("video"), "--max-soft-tokens").endswith("(default: the checkpoint's; Gemma 4: 70).")
+
+
+def test_plan_lists_its_modalities_and_search_k_shows_no_range():
+    assert "images, video, audio or text" in option_line(help_text("plan"), "--modality")
+    assert option_line(help_text("search"), "--top") == "--top -k K Hits to show (at least 1). [default: 10]"
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["export", "x.safetensors", "--to", "csv"], "error: Invalid value for '--to': 'csv': choose parquet or npy"),
+        (["images", "x", "--pool", "bogus"], "error: Invalid value for '--pool': 'bogus': choose none, mean or frame"),
+        (
+            ["images", "x", "--dtype", "f8"],
+            "error: Invalid value for '--dtype': 'f8': choose auto, float32, bfloat16 or float16",
+        ),
+        (["search", "x", "q", "-k", "0"], "error: Invalid value for '-k' / '--top': must be at least 1, got 0"),
+    ],
+    ids=["export-to", "pool", "dtype", "top"],
+)
+def test_a_wrong_value_is_one_plain_line(capsys, monkeypatch, args, line):
+    monkeypatch.setattr("sys.argv", ["gemma-embed", *args])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 2
+    (printed,) = capsys.readouterr().err.splitlines()
+    assert printed.startswith(line + " (see '"), printed
