@@ -518,3 +518,28 @@ def _enum_fields() -> dict[str, type[Choice]]:
     """Fields whose annotation is one of the enums above (read from the annotations, not listed again)."""
     hints = typing.get_type_hints(RunConfig)
     return {name: kind for name, kind in hints.items() if isinstance(kind, type) and issubclass(kind, Choice)}
+
+
+# ------------------------------------------------------------------------------------------ spellings
+
+_FLAG = re.compile(r"--([a-z][a-z0-9-]*)")
+
+
+def python_spelling(message: str) -> str:
+    """A message worded for the command line, reworded for a Python caller: each option is named as the
+    RunConfig field (and Embedder keyword) it is, `--overwrite` -> `overwrite=True`, `--dim` -> `dim`."""
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    names = {}
+    for name, f in fields.items():
+        spec = option_of(f)
+        if spec is not None:
+            for flag in (spec.long or "--" + name.replace("_", "-"), *spec.aliases):
+                names[flag.removeprefix("--")] = name
+
+    def reword(match: re.Match) -> str:
+        name = names.get(match.group(1))
+        if name is None:
+            return match.group(0)
+        return f"{name}=True" if isinstance(fields[name].default, bool) else name
+
+    return _FLAG.sub(reword, message)

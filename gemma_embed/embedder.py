@@ -11,6 +11,7 @@ loaded only then, and a tower two commands share (images and video: the vision t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from gemma_embed.config import MEDIA_MODALITIES, Modality, Pool, RunConfig, Space
+from gemma_embed.config import MEDIA_MODALITIES, Modality, Pool, RunConfig, Space, python_spelling
 from gemma_embed.decoding import WINDOW_ITEMS, Prepared, prepared_stream
 from gemma_embed.errors import ItemError, UsageError
 from gemma_embed.modalities import ModalityStages
@@ -92,7 +93,8 @@ class Embedder:
     """
 
     def __init__(self, model: str | os.PathLike, device: str = "auto", dtype: str = "auto", **options: Any):
-        self._setup(RunConfig(model=str(model), device=device, dtype=dtype, **options))
+        with _python_words():
+            self._setup(RunConfig(model=str(model), device=device, dtype=dtype, **options))
 
     @classmethod
     def from_config(
@@ -240,6 +242,10 @@ class Embedder:
         a `Path` (or a `str` where the checkpoint embeds no text) is a file, of the command whose decoders take
         its extension; a `str` is text where the checkpoint embeds text (as in sentence-transformers: pass
         `modality="images"` to read paths instead)."""
+        with _python_words():
+            return self._embed(inputs, modality, **options)
+
+    def _embed(self, inputs: Sequence[Any], modality: str | Modality | None = None, **options: Any) -> list:
         results: list = [None] * len(inputs)
         by_modality: dict[Modality, list[Source]] = {}
         for index, value in enumerate(inputs):
@@ -323,6 +329,15 @@ class Embedder:
         raise TypeError(
             f"cannot embed a {type(value).__name__}: give a path, bytes, a PIL image, (samples, rate) or text"
         )
+
+
+@contextlib.contextmanager
+def _python_words():
+    """Usage errors raised to a Python caller name options as keywords (`dim`, `overwrite=True`), not flags."""
+    try:
+        yield
+    except UsageError as exc:
+        raise type(exc)(python_spelling(str(exc))) from None
 
 
 def _is_pil(value: Any) -> bool:

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from gemma_embed import capture, distributed, memory, store
-from gemma_embed.config import RunConfig, Space
+from gemma_embed.config import RunConfig, Space, python_spelling
 from gemma_embed.decoding import Prepared, prepared_stream
 from gemma_embed.embedder import Embedder, Route
 from gemma_embed.errors import DeviceError, ItemError, UsageError
@@ -50,12 +50,22 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pro
     """Embed every item of `config.inputs` (this process's slice of them) into `config.output`.
 
     Returns a `RunResult` (counts, failures, output path, chunking). A bad item is a failure record, never an
-    exception; `UsageError` means the run could not start, `RunError` that it could not write.
+    exception; `UsageError` means the run could not start (its message names options as RunConfig's fields:
+    `overwrite=True`), `RunError` that it could not write.
 
     The process is left alone unless `own_process` (the command line): then SIGINT/SIGTERM stop the run at the next
     safe point (saving what is done), and what libraries print (Python warnings, logging, C code on fd 2) is
     captured into the items that caused it.
     """
+    try:
+        return _run(config, reporter, stdin, own_process)
+    except UsageError as exc:
+        if own_process:  # the command line's words
+            raise
+        raise type(exc)(python_spelling(str(exc))) from None
+
+
+def _run(config: RunConfig, reporter: Reporter | None, stdin, own_process: bool) -> RunResult:
     reporter = reporter or Reporter.silent()
     if config.prune and not config.resume:
         raise UsageError("--prune goes with --resume (it drops items of the existing output)")

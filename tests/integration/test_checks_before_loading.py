@@ -26,13 +26,14 @@ def config(tmp_path, **options) -> RunConfig:
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"pool": "frame"}, "--pool frame does not apply to images (choose none, mean)"),
-        ({"dim": 64}, "--dim, --prompt and --prompt-name apply to EmbeddingGemma 2 retrieval vectors only"),
-        ({"dim": 100_000, "model": EG2}, "--dim 100000: the model's vectors have"),
+        # (worded for a Python caller: options named as RunConfig fields)
+        ({"pool": "frame"}, "pool frame does not apply to images (choose none, mean)"),
+        ({"dim": 64}, "dim, prompt and prompt_name apply to EmbeddingGemma 2 retrieval vectors only"),
+        ({"dim": 100_000, "model": EG2}, "dim 100000: the model's vectors have"),
         ({"inputs": (str(IMAGES) + "-typo",)}, "images-typo: no such file or directory"),
         (
             {"modality": "audio", "model": ROOT / "samples" / "tiny-gemma3n", "pool": "frame", "inputs": (str(AUDIO),)},
-            "--pool frame does not apply to audio",
+            "pool frame does not apply to audio",
         ),
     ],
     ids=["pool-frame-images", "dim-soft-tokens", "dim-too-wide", "missing-input", "pool-frame-audio"],

@@ -1,0 +1,30 @@
+"""A usage error names options the way its caller writes them: flags on the command line, RunConfig fields (and
+Embedder keywords) from Python."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import ROOT, SAMPLE_MODEL, run_images
+
+import gemma_embed
+from gemma_embed.errors import UsageError
+
+IMAGES = ROOT / "samples" / "media" / "images"
+
+
+def test_a_second_run_from_python_names_overwrite_true(tmp_path):
+    out = tmp_path / "o.safetensors"
+    config = gemma_embed.RunConfig(modality="images", inputs=[IMAGES], model=str(SAMPLE_MODEL), output=out)
+    gemma_embed.run(config)
+    with pytest.raises(UsageError) as caught:
+        gemma_embed.run(config)
+    assert str(caught.value) == f"{out}: output exists; pass overwrite=True to replace it or resume=True to add to it"
+    # The command line's own words for the same refusal:
+    with pytest.raises(UsageError, match="pass --overwrite to replace it or --resume to add to it"):
+        run_images([IMAGES], SAMPLE_MODEL, out, overwrite=False)
+
+
+def test_the_embedder_names_its_keywords():
+    with pytest.raises(UsageError) as caught:
+        gemma_embed.Embedder(SAMPLE_MODEL, device="cpu", memory_budget="1%", dim=8).embed([str(IMAGES / "tall.png")])
+    assert str(caught.value) == "dim, prompt and prompt_name apply to EmbeddingGemma 2 retrieval vectors only"
