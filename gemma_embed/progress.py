@@ -211,10 +211,9 @@ class Reporter:
             self.note(f"stdout closed; {result.items} items written to {result.output}")
         if not self.quiet:
             skipped = f", {result.skipped} skipped" if result.skipped else ""
-            line = (
-                f"{result.ok} ok, {result.failed} failed{skipped} in {result.seconds:.1f} s "
-                f"({result.items_per_s or 0:.2f} items/s)"
-            )
+            reused = f" ({result.resumed} reused)" if result.resumed else ""
+            rate = f"{result.items_per_s or 0:.2f} items/s" if result.computed else "nothing computed"
+            line = f"{result.ok} ok{reused}, {result.failed} failed{skipped} in {result.seconds:.1f} s ({rate})"
             if result.peak_device_memory is not None:
                 line += f", peak device memory {human_bytes(result.peak_device_memory)}"
             if result.output:

@@ -59,8 +59,14 @@ class RunResult:
         return self.seconds or (time.monotonic() - self.started)
 
     @property
+    def computed(self) -> int:
+        """Items this run embedded itself (not reused from earlier work)."""
+        return self.ok - self.resumed
+
+    @property
     def items_per_s(self) -> float | None:
-        return round(self.ok / self.seconds, 3) if self.seconds > 0 else None
+        """The rate of the items this run computed: reused items cost nothing and would inflate it."""
+        return round(self.computed / self.seconds, 3) if self.seconds > 0 else None
 
     def summary(self) -> dict:
         """The JSON summary record (the last line on stdout)."""

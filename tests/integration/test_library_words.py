@@ -28,3 +28,20 @@ def test_the_embedder_names_its_keywords():
     with pytest.raises(UsageError) as caught:
         gemma_embed.Embedder(SAMPLE_MODEL, device="cpu", memory_budget="1%", dim=8).embed([str(IMAGES / "tall.png")])
     assert str(caught.value) == "dim, prompt and prompt_name apply to EmbeddingGemma 2 retrieval vectors only"
+
+
+def test_a_resumed_run_counts_its_rate_over_computed_items(tmp_path):
+    out = tmp_path / "o.safetensors"
+    first = sorted(IMAGES.iterdir())[:2]
+    code, _, _ = run_images(first, SAMPLE_MODEL, out)
+    assert code == 0
+    code, records, err = run_images(sorted(IMAGES.iterdir())[:3], SAMPLE_MODEL, out, overwrite=False, resume=True)
+    summary = records[-1]
+    assert (summary["ok"], summary["resumed"]) == (3, 2)
+    assert summary["items_per_s"] == round(1 / summary["seconds"], 3)  # one computed item
+    (line,) = [line for line in err.splitlines() if " ok" in line]
+    assert line.startswith("3 ok (2 reused), 0 failed in ")
+    code, records, err = run_images(sorted(IMAGES.iterdir())[:3], SAMPLE_MODEL, out, overwrite=False, resume=True)
+    (line,) = [line for line in err.splitlines() if " ok" in line]
+    assert line.startswith("3 ok (3 reused), 0 failed in ") and "(nothing computed)" in line
+    assert records[-1]["items_per_s"] == 0.0
