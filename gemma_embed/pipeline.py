@@ -131,6 +131,11 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
     Returns a `RunResult` (counts, failures, output path, chunking). A bad item is a failure record, never an
     exception; `UsageError` means the run could not start, `RunError` that it could not write.
     """
+    with distributed.writer_lock(config.output, config.num_slices, config.slice_index):  # one writer per output
+        return _run(config, reporter, stdin)
+
+
+def _run(config: RunConfig, reporter: Reporter | None, stdin) -> RunResult:
     reporter = reporter or Reporter.silent()
     if config.prune and not config.resume:
         raise UsageError("--prune goes with --resume (it drops items of the existing output)")
@@ -162,6 +167,7 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
             resume=config.resume,
             prune=config.prune,
             shard_size=config.shard_size,
+            warn=reporter.warning,
         )
         sources = distributed.take(found, part)
         result = RunResult(device=str(loaded.device), dtype=dtype_name(loaded.dtype), dtype_reason=loaded.dtype_reason)
