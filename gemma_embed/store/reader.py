@@ -125,7 +125,9 @@ class OutputFile:
         try:
             values = json_list(self.path, self.header, field, element)
             if len(values) != len(self.offsets) - 1:
-                raise DamagedFile(self.path, f"{len(values)} {field} for {len(self.offsets) - 1} items")
+                raise DamagedFile(self.path, f"{len(values)} {field} but {len(self.offsets) - 1} items in its offsets")
+            if field == "items" and [item.get("rows") for item in values] != self.offsets.diff().tolist():
+                raise DamagedFile(self.path, "offsets do not match the items' row counts")
         except DamagedFile as exc:
             raise _told(exc) from None
         return values
