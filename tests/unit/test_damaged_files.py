@@ -3,6 +3,7 @@ traceback, whether --resume or a reader (load, inspect, export, search) meets th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -111,3 +112,29 @@ def test_a_damaged_slice_manifest_is_one_line(tmp_path):
     manifest.write_text(json.dumps({"k0": 1}))
     with pytest.raises(UsageError, match=r"positions manifest \(no position for 'k1'"):
         merge_slices(out, 2)
+
+
+def test_parts_carry_row_checksums_that_resume_checks(tmp_path):
+    from gemma_embed.store.tensors_file import row_digest
+
+    out = tmp_path / "out.safetensors"
+    writer = EmbeddingWriter(out, HEADER, "bfloat16")
+    rows = {key: torch.randn(3, 4, generator=torch.Generator().manual_seed(i)) for i, key in enumerate("abc")}
+    for i, (key, value) in enumerate(rows.items()):
+        writer.add(key, value, {"path": key, "sha256": f"c{key}"}, i)
+    writer.flush()
+    (part,) = writer.parts.glob("part-*.safetensors")
+    stored = gemma_embed.load(part)
+    assert json.loads(gemma_embed.read_metadata(part)["rows_sha256"]) == [row_digest(stored[k]) for k in "abc"]
+    assert row_digest(stored["b"]) == hashlib.sha256(stored["b"].view(torch.uint8).numpy().tobytes()).hexdigest()
+
+    data = bytearray(part.read_bytes())
+    data[-(8 * 4) - 3 * 4 * 2 + 1] ^= 0x01  # a bit of item "c"'s rows (bf16: 2 bytes each), before the offsets
+    part.write_bytes(bytes(data))
+    warnings = []
+    resumed = EmbeddingWriter(out, HEADER, "bfloat16", resume=True, warn=warnings.append)
+    assert resumed.find_reusable("a", "ca") == "a" and resumed.find_reusable("b", "cb") == "b"
+    assert resumed.find_reusable("c", "cc") is None  # computed again
+    assert warnings == [
+        f"{part}: the rows of 1 of its 3 items do not match their checksum (changed on disk); they are computed again"
+    ]
