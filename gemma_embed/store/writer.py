@@ -12,7 +12,7 @@ interrupted run) is indexed by key and content hash:
 The final order: the existing output's items in their order (each replaced by this run's version when this
 run has one), then this run's other items in input order. Without an existing output that is input order.
 
-Each part records a sha256 of every item's rows (`rows_sha256`); --resume checks them and computes again, with
+Each part records a CRC-32 of every item's rows (`rows_crc32`); --resume checks them and computes again, with
 a warning naming the part, any item whose rows changed on disk. Anything in the way that is not what it should
 be (a folder named like a part, a part or output with broken metadata) stops the run with one line naming it.
 One writer per output: the caller holds the output's lock (`lock.py`) for the writer's whole life.
@@ -44,7 +44,7 @@ from gemma_embed.store.layout import (
     shard_path,
     write_index,
 )
-from gemma_embed.store.tensors_file import FileRows, file_metadata, json_list, row_digest
+from gemma_embed.store.tensors_file import FileRows, file_metadata, json_list, row_checksum
 
 # Settings that change an item's rows: work saved under other values cannot be resumed into this run.
 FINGERPRINT = ("model", "revision", "modality", "space", "pooling", "compute_dtype", "preprocessing", "dtype", "dim")
@@ -108,7 +108,7 @@ class EmbeddingWriter:
         previous, parts = previous_work(self.path)
         for file in previous + parts:
             with ExitStack() as stack:
-                saved, digests = _open_saved(file, file in parts, stack)
+                saved, checksums = _open_saved(file, file in parts, stack)
                 meta = saved.metadata
                 for field in FINGERPRINT:
                     if meta.get(field, "") != self.header.get(field, ""):
@@ -118,7 +118,7 @@ class EmbeddingWriter:
                         )
                 damaged = 0
                 for position, (key, item) in enumerate(zip(saved.keys, saved.items, strict=True)):
-                    if digests is not None and row_digest(saved.rows(position)) != digests[position]:
+                    if checksums is not None and row_checksum(saved.rows(position)) != checksums[position]:
                         damaged += 1  # not remembered: computed again
                         continue
                     self._remember(key, Saved(file, position, item))
@@ -176,7 +176,7 @@ class EmbeddingWriter:
         rows = [tensor for _, tensor in self.pending.values()]
         tensors_file.write_embedding_file(
             part,
-            file_metadata(self.header, self.dtype, keys, metas, [row_digest(r) for r in rows]),
+            file_metadata(self.header, self.dtype, keys, metas, [row_checksum(r) for r in rows]),
             [r.shape[0] for r in rows],
             rows[0].shape[1],
             self.dtype,
@@ -305,11 +305,11 @@ def _open_saved(file: Path, is_part: bool, stack: ExitStack) -> tuple[FileRows, 
     written before parts had them)."""
     try:
         saved = FileRows(file, stack)
-        if not is_part or "rows_sha256" not in saved.metadata:
+        if not is_part or "rows_crc32" not in saved.metadata:
             return saved, None
-        digests = json_list(file, saved.metadata, "rows_sha256", str)
-        if len(digests) != len(saved.keys):
-            raise DamagedFile(file, f"{len(digests)} row checksums for {len(saved.keys)} items")
-        return saved, digests
+        checksums = json_list(file, saved.metadata, "rows_crc32", str)
+        if len(checksums) != len(saved.keys):
+            raise DamagedFile(file, f"{len(checksums)} row checksums for {len(saved.keys)} items")
+        return saved, checksums
     except DamagedFile as exc:
         raise exc.told("part file" if is_part else None, RESUME_FIX) from None

@@ -1,4 +1,4 @@
-"""Each part records a sha256 of every item's rows; --resume checks them, and an item whose rows changed on
+"""Each part records a CRC-32 of every item's rows; --resume checks them, and an item whose rows changed on
 disk (a flipped bit) is computed again with a warning naming the part, never reused (issue 20)."""
 
 from __future__ import annotations
