@@ -39,8 +39,8 @@ RUN, MERGE = "run", "merge"
 POLL_S = 0.05  # how often a merge looks again while another merge holds the lock
 HOLDER_WRITE_WAIT_S = 0.5  # a new holder writes its PID right after its flock; wait that long to read it
 
-_held: dict[Path, list] = {}  # lock path -> [thread id, fd, depth]: the locks this process holds
-_held_guard = threading.Lock()
+_holders: dict[Path, int] = {}  # lock path -> the thread holding it, for the locks this process holds
+_holders_guard = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -51,27 +51,21 @@ def output_lock(output: Path, role: str = RUN, busy_hint: str = "wait for it to 
     path = lock_path(output)
     key = Path(os.path.realpath(path.parent)) / path.name
     me = threading.get_ident()
-    with _held_guard:
-        held = _held.get(key)
-        if held is not None and held[0] == me:
-            held[2] += 1
-    if held is not None and held[0] == me:
-        try:
-            yield
-        finally:
-            with _held_guard:
-                held[2] -= 1
+    with _holders_guard:
+        holder = _holders.get(key)
+    if holder == me:  # held further out in this thread: the outer block releases it
+        yield
         return
-    if held is not None:  # another thread of this process
+    if holder is not None:
         raise _busy(output, os.getpid(), RUN, busy_hint)
     fd = _acquire(path, output, role, busy_hint)
-    with _held_guard:
-        _held[key] = [me, fd, 1]
+    with _holders_guard:
+        _holders[key] = me
     try:
         yield
     finally:
-        with _held_guard:
-            del _held[key]
+        with _holders_guard:
+            del _holders[key]
         _release(path, fd)
 
 

@@ -106,9 +106,10 @@ class EmbeddingWriter:
     # ------------------------------------------------------------------------------------------ resume
     def _index_previous_work(self) -> None:
         previous, parts = previous_work(self.path)
+        in_parts = set(parts)
         for file in previous + parts:
             with ExitStack() as stack:
-                saved, checksums = _open_saved(file, file in parts, stack)
+                saved, checksums = _open_saved(file, file in in_parts, stack)
                 meta = saved.metadata
                 for field in FINGERPRINT:
                     if meta.get(field, "") != self.header.get(field, ""):
@@ -127,7 +128,7 @@ class EmbeddingWriter:
                         f"{file}: the rows of {damaged} of its {len(saved.keys)} items do not match their checksum "
                         f"(changed on disk); they are computed again"
                     )
-                if file in previous:
+                if file not in in_parts:
                     self.base += saved.keys
         self.part_count = max((_part_number(p) for p in parts), default=-1) + 1
 
@@ -291,9 +292,12 @@ def check_resumable(output: Path) -> None:
     """Before a model is loaded: every file --resume will read opens as what it should be (rows are checked
     against their checksums later, by the writer)."""
     previous, parts = previous_work(output)
-    for file in previous + parts:
+    for file in previous:
         with ExitStack() as stack:
-            _open_saved(file, file in parts, stack)
+            _open_saved(file, False, stack)
+    for file in parts:
+        with ExitStack() as stack:
+            _open_saved(file, True, stack)
 
 
 def _part_number(part: Path) -> int:

@@ -139,3 +139,18 @@ def test_a_missing_folder_is_the_usual_line(tmp_path):
     missing = tmp_path / "no" / "o.safetensors"
     with pytest.raises(UsageError, match="output folder does not exist"), output_lock(missing):
         pass
+
+
+def test_slices_do_not_join_over_a_run_writing_the_final_output(tmp_path):
+    from gemma_embed import distributed
+
+    out = tmp_path / "out.safetensors"
+    running = hold(tmp_path / "out.lock", "558 run\n")
+    try:
+        with pytest.raises(UsageError, match=r"\(PID 558\) is writing this output; wait for it"):
+            distributed.begin_slice(out, distributed.Slice(0, 2))
+        with pytest.raises(UsageError, match=r"\(PID 558\).*this slice's work is saved.*--resume to join them"):
+            distributed.finish_slice(out, distributed.Slice(1, 2), {"k": 1}, note=lambda message: None)
+    finally:
+        os.close(running)
+    assert (tmp_path / "out-rank00001-of-00002.positions.json").exists()  # the slice's own work is kept
