@@ -192,15 +192,20 @@ def _require_input(config: RunConfig) -> None:
 
 
 def _embed(config: RunConfig) -> None:
+    from gemma_embed.distributed import writer_lock
     from gemma_embed.hostmem import configure_for_long_runs
-    from gemma_embed.pipeline import run
     from gemma_embed.progress import Reporter
 
     _require_input(config)
     configure_for_long_runs()  # flat peak memory over long runs, CPU forwards without page faults (hostmem.py)
     reporter = Reporter(quiet=config.quiet, jsonl=config.jsonl, debug=config.debug)
     try:
-        result = run(config, reporter, own_process=True)  # the command line owns its process: signals, fd 2
+        # The output's lock before the pipeline imports torch (seconds on a busy machine): a second run into a
+        # busy output fails at once. `run` takes it again (re-entrant) for library callers.
+        with writer_lock(config.output, config.num_slices, config.slice_index):
+            from gemma_embed.pipeline import run
+
+            result = run(config, reporter, own_process=True)  # the command line owns its process: signals, fd 2
     except UsageError as exc:
         raise _fail(str(exc), 2) from None
     except GemmaEmbedError as exc:

@@ -6,7 +6,11 @@ array task (`--num-slices K --slice-index I`). Each slice writes its own output 
 `OUT.index.json` joins them and `gemma_embed.load(OUT)` reads it as if one process had written everything.
 Whichever slice finds every slice done writes it (the content is the same whoever writes it); there is no
 process group and no barrier, so nothing can time out however unevenly the work is spread. File layouts are
-`store.py`'s.
+`store`'s.
+
+Locks (`store/lock.py`): each slice holds its own output's lock for its run; joining the slices takes the final
+output's lock (a join waits for another join, never for a run), and a slice starting checks that no run is
+writing the final output.
 
 Under torchrun a finished rank still waits (polling the other ranks' manifests, without a timeout) and then
 writes the index itself before it exits: torchrun tears every rank down as soon as one exits non-zero (exit 1
@@ -24,6 +28,10 @@ from pathlib import Path
 
 from gemma_embed import store
 from gemma_embed.errors import UsageError
+from gemma_embed.store.lock import MERGE, output_lock
+
+# When a run holds the final output's lock while a slice is done: the slice's work is saved either way.
+JOIN_LATER = "this slice's work is saved; when that run is done, run this slice again with --resume to join them"
 
 
 @dataclass(frozen=True)
@@ -54,14 +62,27 @@ def current_slice(num_slices: int | None = None, slice_index: int | None = None)
     return Slice(0, 1)
 
 
+def writer_lock(output: Path, num_slices: int | None = None, slice_index: int | None = None):
+    """The lock of the file this process writes: `output`, or its slice's own output when the input is split."""
+    return output_lock(current_slice(num_slices, slice_index).output(output))
+
+
 def take(sources: Iterable, part: Slice) -> Iterator:
     """This slice's sources (by their input position), lazily."""
     return (source for source in sources if source.position % part.count == part.index)
 
 
 def begin_slice(output: Path, part: Slice) -> None:
-    """Forget this slice's manifest from an earlier run, so nobody takes the slice for done while it works."""
+    """Fail at once if a run (not split) is writing the final output; then forget this slice's manifest from an
+    earlier run, so nobody takes the slice for done while it works."""
+    with output_lock(output, MERGE, "wait for it to finish or choose another --output"):
+        pass
     store.manifest_path(part.output(output)).unlink(missing_ok=True)
+
+
+def _join(output: Path, count: int) -> Path | None:
+    with output_lock(output, MERGE, JOIN_LATER):
+        return store.merge_slices(output, count)
 
 
 def slices_done(output: Path, count: int) -> bool:
@@ -80,7 +101,7 @@ def finish_slice(output: Path, part: Slice, positions: dict[str, int], note: Cal
     waits for the others and then writes the (same) index, so it exists before any rank exits. Returns the index
     if this process wrote it."""
     store.guarded_write(lambda: store.write_manifest(part.output(output), positions), part.output(output))
-    merged = store.merge_slices(output, part.count)
+    merged = _join(output, part.count)
     if merged is not None:
         return merged
     if not part.torchrun:
@@ -88,4 +109,4 @@ def finish_slice(output: Path, part: Slice, positions: dict[str, int], note: Cal
         return None
     note(f"rank {part.index} of {part.count} done; waiting for the other ranks to finish (no timeout)")
     wait_for_slices(output, part.count)
-    return store.merge_slices(output, part.count)
+    return _join(output, part.count)

@@ -1,4 +1,4 @@
-"""`gemma-embed export`: an output as parquet (pandas, DuckDB, LanceDB) or .npy (numpy), streamed.
+r"""`gemma-embed export`: an output as parquet (pandas, DuckDB, LanceDB) or .npy (numpy), streamed.
 
 Items are read one at a time through the store's reader (every layout: single file, shards, joined slices) and
 written in blocks, so an index larger than memory exports in bounded memory. Only the item metadata, which the
@@ -7,15 +7,27 @@ output's headers hold as JSON anyway, is read whole: a first pass over it fixes 
 - parquet: a `key` column, one column per item metadata field (nested objects flattened to `a.b` names; lists of
   scalars as list columns; anything else as JSON text), and `embedding`: a fixed-size list of D numbers per item
   when every item has one row (pooled outputs), else the item's rows as a list of such lists.
-- npy: `OUT.npy` with every row ([total_rows, D]), `OUT.keys.txt` with one key per line, and when items have
+- npy: `OUT.npy` with every row ([total_rows, D]), `OUT.keys.txt` with one key per line (escaped), and when items have
   other than one row, `OUT.offsets.npy` (int64 [N+1]: item i is rows[offsets[i]:offsets[i+1]]).
 bfloat16 rows become float32 (numpy and parquet have no bfloat16); float32 and float16 stay as they are.
+
+Names are kept exactly. Keys (and file paths) are what Python made of the file system's bytes (`os.fsdecode`):
+bytes that are not UTF-8 are held as surrogate escapes, which no UTF-8 file can store. So:
+- parquet: where a key is not valid UTF-8, `key` holds `escape_name(key)` and a binary `key_bytes` column the
+  original bytes (null for the other rows; the column exists only when some key needs it). Any other text column
+  (`path`, `name`, ...) likewise gets a `NAME_bytes` column. `os.fsdecode(key_bytes)` is the key again.
+- npy: every line of `keys.txt` is `escape_name(key)`, a UTF-8 line that `unescape_name` (or `read_keys` for the
+  whole file) turns back into the exact key. The escapes: `\\` for a backslash; `\n`, `\r`, `\t`; `\xNN` for
+  the other control characters below 0x80 (NN < 80) and for each byte that is not UTF-8 (NN >= 80, so the two
+  never clash); `\uNNNN` for C1 controls (U+0080-U+009F), the line and paragraph separators U+2028/U+2029
+  (which `str.splitlines` splits on) and other lone surrogates. Every other character is itself.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +36,68 @@ import numpy as np
 from gemma_embed.errors import UsageError
 
 BLOCK_ITEMS = 4096  # items per parquet row group; rows flushed to the .npy memory map per block
+
+
+# ----------------------------------------------------------------------------------------------- names
+
+# What escape_name rewrites: the backslash, C0 controls and DEL, C1 controls, U+2028/U+2029, and surrogates
+# (surrogateescape's U+DC80-U+DCFF for bytes that are not UTF-8, and any other lone one).
+_ESCAPED = re.compile(r"[\\\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+_SHORT = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_ESCAPE = re.compile(r"\\(?:([\\nrt])|x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|(.?))", re.DOTALL)
+_UNSHORT = {"\\": "\\", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _escape_char(match: re.Match) -> str:
+    char = match.group()
+    code = ord(char)
+    if char in _SHORT:
+        return _SHORT[char]
+    if code < 0x80:
+        return f"\\x{code:02x}"
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8, as os.fsdecode holds it
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\u{code:04x}"
+
+
+def escape_name(name: str) -> str:
+    """`name` as one printable line of valid UTF-8, reversibly (`unescape_name`); the escapes are in the module
+    note. A name without backslashes, control characters or undecodable bytes stays as it is."""
+    return _ESCAPED.sub(_escape_char, name)
+
+
+def _unescape(match: re.Match) -> str:
+    short, byte, code, other = match.groups()
+    if short is not None:
+        return _UNSHORT[short]
+    if byte is not None:
+        value = int(byte, 16)
+        return chr(value) if value < 0x80 else chr(0xDC00 + value)
+    if code is not None:
+        return chr(int(code, 16))
+    raise ValueError(f"unknown escape \\{other} in a name")
+
+
+def unescape_name(line: str) -> str:
+    """The exact name `escape_name` wrote (bytes that are not UTF-8 as surrogate escapes, as os.fsdecode gives)."""
+    return _ESCAPE.sub(_unescape, line)
+
+
+def read_keys(path: str | os.PathLike) -> list[str]:
+    """The keys of an `OUT.keys.txt` written by `export --to npy`, exactly as the output holds them."""
+    text = Path(path).read_text(encoding="utf-8")
+    return [unescape_name(line) for line in text.split("\n")[:-1]]
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------------------------- export
 
 
 def default_destination(path: Path, to: str) -> Path:
@@ -58,7 +132,7 @@ def _column_type(values: list):
 
     try:
         return pa.array(values).type
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError, UnicodeEncodeError):
         return None
 
 
@@ -102,13 +176,25 @@ def _to_parquet(path: Path, meta: dict, counts: list[int], destination: Path) ->
 
     flat = [flatten(item) for item in meta["items"]]
     names = sorted({name for item in flat for name in item} - {"key"})
-    types = {name: _column_type([item.get(name) for item in flat]) for name in names}
+    # Text columns holding a name that is not UTF-8 (keys, paths): a readable form, and the bytes beside it.
+    with_bytes = {
+        name
+        for name, values in [("key", meta["keys"]), *((n, [item.get(n) for item in flat]) for n in names)]
+        if any(isinstance(v, str) and not _is_utf8(v) for v in values)
+    }
+    types = {name: _column_type([_readable(item.get(name)) for item in flat]) for name in names}
     one_row = all(count == 1 for count in counts)
     writer = None
     written = rows_total = 0
     dim = 0
     with atomic_path(destination) as tmp:
         block: list[tuple[str, np.ndarray, dict]] = []
+
+        def text_column(name: str, values: list) -> dict:
+            columns = {name: pa.array([_readable(v) for v in values], type=pa.string())}
+            if name in with_bytes:
+                columns[f"{name}_bytes"] = pa.array([_original_bytes(v) for v in values], type=pa.binary())
+            return columns
 
         def flush() -> None:
             nonlocal writer, written
@@ -119,12 +205,14 @@ def _to_parquet(path: Path, meta: dict, counts: list[int], destination: Path) ->
             if not one_row:
                 offsets = np.concatenate([[0], np.cumsum([rows.shape[0] for _, rows, _ in block])]).astype(np.int32)
                 values = pa.ListArray.from_arrays(pa.array(offsets), values)
-            columns = {"key": pa.array([key for key, _, _ in block], type=pa.string())}
+            columns = text_column("key", [key for key, _, _ in block])
             for name in names:
                 column = [flatten(item).get(name) for _, _, item in block]
                 kind = types[name]
                 if kind is None:
                     columns[name] = pa.array([None if v is None else json.dumps(v) for v in column], type=pa.string())
+                elif kind == pa.string():
+                    columns.update(text_column(name, column))
                 else:
                     columns[name] = pa.array(column, type=kind)
             columns["embedding"] = values
@@ -138,7 +226,7 @@ def _to_parquet(path: Path, meta: dict, counts: list[int], destination: Path) ->
         for key, rows, item in _items(path):
             dim = dim or int(rows.shape[1])
             rows_total += int(rows.shape[0])
-            block.append((key.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), rows, item))
+            block.append((key, rows, item))
             if len(block) >= BLOCK_ITEMS:
                 flush()
         flush()
@@ -147,6 +235,21 @@ def _to_parquet(path: Path, meta: dict, counts: list[int], destination: Path) ->
         else:
             writer.close()
     return {"files": [str(destination)], "items": written, "rows": rows_total, "dim": dim}
+
+
+def _readable(value):
+    """A text value parquet can hold (valid UTF-8): itself, or `escape_name` of it when it is not valid UTF-8."""
+    return escape_name(value) if isinstance(value, str) and not _is_utf8(value) else value
+
+
+def _original_bytes(value) -> bytes | None:
+    """The bytes a name that is not valid UTF-8 came from (None for the others)."""
+    if not isinstance(value, str) or _is_utf8(value):
+        return None
+    try:
+        return value.encode("utf-8", "surrogateescape")  # os.fsdecode's bytes
+    except UnicodeEncodeError:  # a lone surrogate that stood for no byte
+        return value.encode("utf-8", "surrogatepass")
 
 
 # ------------------------------------------------------------------------------------------------ npy
@@ -161,11 +264,6 @@ def _to_npy(path: Path, meta: dict, counts: list[int], destination: Path, overwr
     for extra in (keys_file, *([] if one_row else [offsets_file])):
         if extra.exists() and not overwrite:
             raise UsageError(f"{extra}: exists; pass --overwrite to replace it")
-    broken = next((k for k in meta["keys"] if "\n" in k or "\r" in k), None)
-    if broken is not None:
-        raise UsageError(
-            f"key {broken!r} holds a line break and cannot be one line of {keys_file.name}; export --to parquet instead"
-        )
     total = sum(counts)
     items = _items(path)
     first = next(items, None)
@@ -181,8 +279,7 @@ def _to_npy(path: Path, meta: dict, counts: list[int], destination: Path, overwr
                 array.flush()  # bounded dirty pages, whatever the index's size
         array.flush()
         del array
-    lines = "".join(k.encode("utf-8", "surrogateescape").decode("utf-8", "replace") + "\n" for k in meta["keys"])
-    atomic_write_text(keys_file, lines)
+    atomic_write_text(keys_file, "".join(escape_name(key) + "\n" for key in meta["keys"]))  # read_keys reads it
     files = [str(destination), str(keys_file)]
     if not one_row:
         with atomic_path(offsets_file) as tmp, open(tmp, "wb") as fh:  # a file object: np.save adds no suffix

@@ -58,7 +58,8 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pro
     captured into the items that caused it.
     """
     try:
-        return _run(config, reporter, stdin, own_process)
+        with distributed.writer_lock(config.output, config.num_slices, config.slice_index):  # one writer per output
+            return _run(config, reporter, stdin, own_process)
     except UsageError as exc:
         if own_process:  # the command line's words
             raise
@@ -98,6 +99,7 @@ def _run(config: RunConfig, reporter: Reporter | None, stdin, own_process: bool)
             resume=config.resume,
             prune=config.prune,
             shard_size=config.shard_size,
+            warn=reporter.warning,
         )
         sources = distributed.take(found, part)
         choice = embedder.dtype_choice

@@ -1,9 +1,11 @@
 """A test double of the `gemma-embed` command: the real CLI with its towers (or its model loading) slowed down.
 
-    python tests/slow_gemma_embed.py [--encode SECONDS] [--load SECONDS --loading-marker FILE] images DIR ...
+    python tests/slow_gemma_embed.py [--encode SECONDS] [--load SECONDS --loading-marker FILE [--release FILE]]
+        images DIR ...
 
 `--encode` sleeps before every device batch; `--load` sleeps while the model loads, after touching the marker
-file (so a test knows the process is loading). Lets a test interrupt a real process at a chosen stage,
+file (so a test knows the process is loading); with `--release`, only until that file appears (so a test
+decides when the process goes on). Lets a test interrupt a real process at a chosen stage,
 deterministically, without test hooks in the package.
 Under torchrun two environment variables shape a slow, uneven run:
 - SLOW_RANK=R: only rank R sleeps (the others run at full speed);
@@ -34,14 +36,16 @@ def slow_down(seconds: float) -> None:
         tower.encode = slow
 
 
-def slow_loading(seconds: float, marker: Path) -> None:
+def slow_loading(seconds: float, marker: Path, release: Path | None = None) -> None:
     from gemma_embed.embedder import Embedder
 
     original = Embedder.load
 
     def slow(*args, **kwargs):
         marker.touch()
-        time.sleep(seconds)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not (release is not None and release.exists()):
+            time.sleep(0.02)
         return original(*args, **kwargs)
 
     Embedder.load = slow
@@ -63,12 +67,13 @@ if __name__ == "__main__":
     parser.add_argument("--encode", type=float, default=0.0)
     parser.add_argument("--load", type=float, default=0.0)
     parser.add_argument("--loading-marker", type=Path)
+    parser.add_argument("--release", type=Path)
     ours, rest = parser.parse_known_args()
     rank = os.environ.get("RANK", "0")
     if ours.encode and os.environ.get("SLOW_RANK", rank) == rank:
         slow_down(ours.encode)
     if ours.load:
-        slow_loading(ours.load, ours.loading_marker)
+        slow_loading(ours.load, ours.loading_marker, ours.release)
     if "SHORT_PG_TIMEOUT_S" in os.environ:
         shorten_process_group_timeout(float(os.environ["SHORT_PG_TIMEOUT_S"]))
     sys.argv = ["gemma-embed", *rest]

@@ -7,12 +7,10 @@ import subprocess
 
 import numpy as np
 import pyarrow.parquet as pq
-import pytest
 import torch
 from helpers import EXE, ROOT, SAMPLE_MODEL
 
 import gemma_embed
-from gemma_embed.errors import UsageError
 from gemma_embed.export import export
 from gemma_embed.store import EmbeddingWriter
 
@@ -92,11 +90,3 @@ def test_real_command_exports_a_pooled_index_to_npy_in_input_order(tmp_path):
     np.testing.assert_array_equal(array, torch.cat(list(loaded.values())).numpy())
     again = subprocess.run([EXE, "export", str(out), "--to", "npy"], capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and again.stderr.startswith("error: ") and "--overwrite" in again.stderr
-
-
-def test_a_key_with_a_line_break_cannot_go_to_a_keys_file(tmp_path):
-    out = _output(tmp_path / "o.safetensors", [("a\nb", torch.ones(1, 2), {"path": "x"})])
-    with pytest.raises(UsageError, match="--to parquet"):
-        export(out, "npy")
-    table = pq.read_table(export(out, "parquet")["files"][0])
-    assert table.column("key").to_pylist() == ["a\nb"]

@@ -1,41 +1,61 @@
 """Every file layout of an output, written and read here and nowhere else (the `gemma-embed/1` format).
 
 - `tensors_file`: one embedding file (safetensors layout: `embeddings`, `offsets`, string metadata);
-- `layout`: the names of parts, shards, slices, manifests, the index and the errors file, and atomic writes;
+- `layout`: the names of parts, shards, slices, manifests, the index, the errors file and the lock; atomic
+  writes; `DamagedFile`, the one-line error for a file that is not what it should be;
+- `lock`: `output_lock`, one writer per output;
 - `writer`: `EmbeddingWriter` (parts, resume, the final order, shards);
 - `reader`: `load`, `iter_items`, `read_metadata` over every layout; `output_index` and `iter_row_blocks` for
   readers that scan every row in blocks (search).
+
+Names are resolved on first use: the writer and reader import torch, while the command line takes the output's
+lock (`layout` and `lock` need no torch) before it imports torch, so that a second run into a busy output fails
+at once.
 """
 
-from gemma_embed.store.layout import (
-    atomic_path,
-    atomic_write_text,
-    check_output_path,
-    errors_path,
-    guarded_write,
-    index_path,
-    manifest_path,
-    merge_slices,
-    output_files,
-    parts_folder,
-    plan_shards,
-    shard_path,
-    slice_path,
-    write_errors,
-    write_index,
-    write_manifest,
-)
-from gemma_embed.store.reader import (
-    OutputFile,
-    RowBlock,
-    iter_items,
-    iter_row_blocks,
-    load,
-    output_index,
-    read_metadata,
-)
-from gemma_embed.store.tensors_file import read_header, write_embedding_file
-from gemma_embed.store.writer import FINGERPRINT, EmbeddingWriter
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "FINGERPRINT": "writer",
+    "EmbeddingWriter": "writer",
+    "OutputFile": "reader",
+    "RowBlock": "reader",
+    "iter_items": "reader",
+    "iter_row_blocks": "reader",
+    "load": "reader",
+    "output_index": "reader",
+    "read_metadata": "reader",
+    "read_header": "tensors_file",
+    "write_embedding_file": "tensors_file",
+    "output_lock": "lock",
+    **{
+        name: "layout"
+        for name in (
+            "DamagedFile",
+            "atomic_path",
+            "atomic_write_text",
+            "check_output_path",
+            "errors_path",
+            "guarded_write",
+            "index_path",
+            "lock_path",
+            "manifest_path",
+            "merge_slices",
+            "output_files",
+            "parts_folder",
+            "plan_shards",
+            "shard_path",
+            "slice_path",
+            "write_errors",
+            "write_index",
+            "write_manifest",
+        )
+    },
+}
+
+__all__ = ["make_header", *_LAZY]
 
 
 def make_header(**fields) -> dict[str, str]:
@@ -44,33 +64,11 @@ def make_header(**fields) -> dict[str, str]:
     return {name: "" if value is None else str(value) for name, value in fields.items()}
 
 
-__all__ = [
-    "FINGERPRINT",
-    "EmbeddingWriter",
-    "OutputFile",
-    "RowBlock",
-    "iter_row_blocks",
-    "output_index",
-    "atomic_path",
-    "atomic_write_text",
-    "check_output_path",
-    "errors_path",
-    "guarded_write",
-    "index_path",
-    "iter_items",
-    "load",
-    "make_header",
-    "manifest_path",
-    "merge_slices",
-    "output_files",
-    "parts_folder",
-    "plan_shards",
-    "read_header",
-    "read_metadata",
-    "shard_path",
-    "slice_path",
-    "write_embedding_file",
-    "write_errors",
-    "write_index",
-    "write_manifest",
-]
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"gemma_embed.store.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'gemma_embed.store' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

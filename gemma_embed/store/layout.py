@@ -4,7 +4,8 @@
 - output shards `OUT-00000.safetensors`, ... and `OUT.index.json` (file list, key -> file, in order);
 - slices (`--num-slices`, torchrun ranks) `OUT-rank00001-of-00004.safetensors` with a positions manifest
   `OUT-rank00001-of-00004.positions.json`, joined by the same kind of index;
-- `OUT.errors.jsonl`: one failure record per line.
+- `OUT.errors.jsonl`: one failure record per line;
+- `OUT.lock`: held by the one run writing the output (`lock.py`).
 
 Every file appears atomically (a temporary file in the same folder, flushed, fsynced, renamed) and, like any
 other tool's output, with the permissions the umask gives (0644 under umask 022).
@@ -16,11 +17,53 @@ import contextlib
 import json
 import os
 import secrets
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gemma_embed import FORMAT
 from gemma_embed.errors import RunError, UsageError
+
+
+class DamagedFile(UsageError, ValueError):
+    """A file that should be one of an output's (or a part) and is not: `FILE: not a KIND (REASON); FIX`.
+
+    A usage error (exit 2: the run cannot start on it) and a ValueError (what readers raised before)."""
+
+    def __init__(self, file: Path, reason: str, kind: str = f"{FORMAT} file", fix: str = ""):
+        self.file, self.reason, self.kind, self.fix = Path(file), " ".join(str(reason).split()), kind, fix
+        super().__init__(f"{file}: not a {kind} ({self.reason})" + (f"; {fix}" if fix else ""))
+
+    def told(self, kind: str | None = None, fix: str = "") -> DamagedFile:
+        """The same finding, for a caller that knows what the file was meant to be and how to get past it."""
+        return DamagedFile(self.file, self.reason, kind or self.kind, fix)
+
+
+_NOT_REGULAR = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def require_regular_file(file: Path, kind: str = f"{FORMAT} file", fix: str = "") -> None:
+    """Before opening a file of an output: a folder would fail oddly ("No such device") and a FIFO would block
+    the open. A missing file is a FileNotFoundError naming it."""
+    mode = os.stat(file).st_mode
+    if not stat.S_ISREG(mode):
+        raise DamagedFile(file, f"is {_NOT_REGULAR.get(stat.S_IFMT(mode), 'not a regular file')}", kind, fix)
+
+
+def read_json(file: Path, kind: str, fix: str = ""):
+    """A small JSON file of an output (index, manifest), or a `DamagedFile` naming it."""
+    require_regular_file(file, kind, fix)
+    try:
+        return json.loads(Path(file).read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DamagedFile(file, f"not valid JSON: {exc}", kind, fix) from None
+
 
 PARTS_SUFFIX = ".parts"
 # safetensors refuses headers over 100 MB; shard well before an output's JSON metadata gets there.
@@ -36,6 +79,12 @@ def parts_folder(output: Path) -> Path:
 def errors_path(output: Path) -> Path:
     output = Path(output)
     return output.with_name(output.name.removesuffix(".safetensors") + ".errors.jsonl")
+
+
+def lock_path(output: Path) -> Path:
+    """The advisory lock of the run writing `output` (`lock.py`)."""
+    output = Path(output)
+    return output.with_name(output.name.removesuffix(".safetensors") + ".lock")
 
 
 def index_path(output: Path) -> Path:
@@ -74,7 +123,20 @@ def output_files(output: Path) -> list[Path]:
         index = index_path(output)
     if not index.exists():
         return []
-    return [index.parent / name for name in json.loads(index.read_text())["shards"]]
+    return [index.parent / name for name in read_index(index)["shards"]]
+
+
+def read_index(index: Path) -> dict:
+    """An `OUT.index.json`, checked: `shards` a list of file names, `keys` (when present) key -> file number."""
+    kind = f"{FORMAT} index"
+    content = read_json(index, kind)
+    shards = content.get("shards") if isinstance(content, dict) else None
+    if not isinstance(shards, list) or not all(isinstance(name, str) for name in shards):
+        raise DamagedFile(index, "no list of files under shards", kind)
+    keys = content.get("keys", {})
+    if not isinstance(keys, dict) or not all(isinstance(n, int) and 0 <= n < len(shards) for n in keys.values()):
+        raise DamagedFile(index, "keys is not a map of key to file number", kind)
+    return content
 
 
 def plan_shards(header_sizes: list[int], shard_size: int | None, header_cap: int = HEADER_CAP) -> list[range]:
@@ -97,6 +159,10 @@ def check_output_path(path: Path, overwrite: bool, resume: bool = False) -> None
     if path.is_dir():
         raise UsageError(f"{path}: output path is a folder")
     parts = parts_folder(path)
+    if resume:  # before a model loads: a damaged part or output is one line now, not minutes later
+        from gemma_embed.store.writer import check_resumable
+
+        check_resumable(path)
     if not resume and not overwrite:
         if parts.exists():
             raise UsageError(
@@ -104,15 +170,25 @@ def check_output_path(path: Path, overwrite: bool, resume: bool = False) -> None
             )
         if output_files(path):
             raise UsageError(f"{path}: output exists; pass --overwrite to replace it or --resume to add to it")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise UsageError(f"{folder}: output folder does not exist")
+    folder = output_folder(path)
     probe = folder / f".{path.name}.{secrets.token_hex(4)}.probe"
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         probe.unlink()
     except OSError as exc:
-        raise UsageError(f"{folder}: cannot write the output here: {exc.strerror or exc}") from exc
+        raise cannot_write_here(folder, exc) from exc
+
+
+def output_folder(path: Path) -> Path:
+    """The folder an output goes in; a usage error when it does not exist."""
+    folder = Path(path).parent if str(Path(path).parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"{folder}: output folder does not exist")
+    return folder
+
+
+def cannot_write_here(folder: Path, exc: OSError) -> UsageError:
+    return UsageError(f"{folder}: cannot write the output here: {exc.strerror or exc}")
 
 
 # ------------------------------------------------------------------------------------------ atomic writes
@@ -194,7 +270,7 @@ def write_manifest(slice_output: Path, positions: dict[str, int]) -> None:
 
 def merge_slices(output: Path, count: int) -> Path | None:
     """Write OUT.index.json over every slice's files, keys in input order; None while a slice is unfinished."""
-    from gemma_embed.store.tensors_file import read_header
+    from gemma_embed.store.tensors_file import json_list, read_header
 
     output = Path(output)
     files: list[Path] = []
@@ -205,13 +281,26 @@ def merge_slices(output: Path, count: int) -> Path | None:
         slice_files = output_files(out)
         if not slice_files or not manifest.exists():
             return None
-        positions = json.loads(manifest.read_text())
+        positions = _read_manifest(manifest)
         for file in slice_files:
-            for key in json.loads(read_header(file)["keys"]):
+            for key in json_list(file, read_header(file), "keys", str):
+                if key not in positions:
+                    raise DamagedFile(manifest, f"no position for {key!r} of {file}", "positions manifest", RESLICE)
                 located.append((positions[key], key, len(files)))
             files.append(file)
     located.sort()
     return write_index(output, files, [(key, number) for _, key, number in located])
+
+
+# How to get past a slice's damaged manifest: the slice's own run writes it again.
+RESLICE = "run that slice again with --resume"
+
+
+def _read_manifest(manifest: Path) -> dict[str, int]:
+    positions = read_json(manifest, "positions manifest", RESLICE)
+    if not isinstance(positions, dict) or not all(type(n) is int for n in positions.values()):
+        raise DamagedFile(manifest, "not a map of key to input position", "positions manifest", RESLICE)
+    return positions
 
 
 def write_errors(output: Path, failures: list[dict]) -> Path | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -13,8 +12,22 @@ from pathlib import Path
 import torch
 
 from gemma_embed import FORMAT
-from gemma_embed.store.layout import index_path, output_files
-from gemma_embed.store.tensors_file import FileRows, _safe_open, read_header
+from gemma_embed.store.layout import DamagedFile, index_path, output_files, read_index
+from gemma_embed.store.tensors_file import (
+    FileRows,
+    _metadata,
+    _safe_open,
+    checked_offsets,
+    json_list,
+    read_header,
+)
+
+# What to do about an output file that is damaged (its format is right, its content is not).
+REBUILD = "embed the inputs again with --overwrite to rebuild it"
+
+
+def _told(exc: DamagedFile) -> DamagedFile:
+    return exc if exc.reason.startswith("format=") else exc.told(fix=REBUILD)
 
 
 def _files(path: Path) -> list[Path]:
@@ -24,25 +37,39 @@ def _files(path: Path) -> list[Path]:
     return files
 
 
-def _index_keys(path: Path) -> dict[str, int] | None:
-    """key -> file number, in order, when `path` is (or names) an index that lists keys."""
+def _index_keys(path: Path) -> tuple[Path, dict[str, int]] | None:
+    """(the index, key -> file number in order) when `path` is (or names) an index that lists keys."""
     index = path if path.suffix == ".json" else index_path(path)
     if path.suffix != ".json" and path.exists():
         return None
     if not index.exists():
         return None
-    return json.loads(index.read_text()).get("keys")
+    keys = read_index(index).get("keys")
+    return (index, keys) if keys else None
+
+
+def _open_rows(file: Path, stack: ExitStack) -> FileRows:
+    try:
+        return FileRows(file, stack)
+    except DamagedFile as exc:
+        raise _told(exc) from None
 
 
 def _entries(path: Path, stack: ExitStack) -> Iterator[tuple[str, dict, Callable[[], torch.Tensor], dict]]:
     """(key, item metadata, rows reader, file header) in order; rows are read only when asked."""
-    opened = [FileRows(file, stack) for file in _files(path)]
-    order = _index_keys(path)
-    if order is None:  # a single file, or files whose concatenation is the order
-        order = {key: number for number, file in enumerate(opened) for key in file.keys}
+    opened = [_open_rows(file, stack) for file in _files(path)]
     positions = [{key: i for i, key in enumerate(file.keys)} for file in opened]
+    indexed = _index_keys(path)
+    if indexed is None:  # a single file, or files whose concatenation is the order
+        order = {key: number for number, file in enumerate(opened) for key in file.keys}
+    else:
+        index, order = indexed
+        if sum(len(file.keys) for file in opened) != len(order):
+            raise DamagedFile(index, "its keys are not those of its files", f"{FORMAT} index", REBUILD)
     for key, number in order.items():
-        file, i = opened[number], positions[number][key]
+        file, i = opened[number], positions[number].get(key)
+        if i is None:
+            raise DamagedFile(index, f"names {key!r} in {file.file}, which does not hold it", f"{FORMAT} index")
         yield key, file.items[i], (lambda file=file, i=i: file.rows(i)), file.metadata
 
 
@@ -88,11 +115,22 @@ class OutputFile:
 
     @functools.cached_property
     def keys(self) -> list[str]:
-        return json.loads(self.header["keys"])
+        return self._checked("keys", str)
 
     @functools.cached_property
     def items(self) -> list[dict]:
-        return json.loads(self.header["items"])
+        return self._checked("items", dict)
+
+    def _checked(self, field: str, element: type) -> list:
+        try:
+            values = json_list(self.path, self.header, field, element)
+            if len(values) != len(self.offsets) - 1:
+                raise DamagedFile(self.path, f"{len(values)} {field} but {len(self.offsets) - 1} items in its offsets")
+            if field == "items" and [item.get("rows") for item in values] != self.offsets.diff().tolist():
+                raise DamagedFile(self.path, "offsets do not match the items' row counts")
+        except DamagedFile as exc:
+            raise _told(exc) from None
+        return values
 
 
 @dataclass(frozen=True)
@@ -109,11 +147,12 @@ def output_index(path: str | os.PathLike) -> list[OutputFile]:
     and offsets; reads no embeddings."""
     files = []
     for file in _files(Path(path)):
-        with _safe_open(file) as fh:
-            header = dict(fh.metadata() or {})
-            if header.get("format") != FORMAT:
-                raise ValueError(f"{file}: not a {FORMAT} file (format={header.get('format')!r})")
-            offsets = fh.get_tensor("offsets")
+        try:
+            with _safe_open(file) as fh:
+                header = _metadata(file, fh)
+                offsets = checked_offsets(file, fh)  # keys and items are checked against them when decoded
+        except DamagedFile as exc:
+            raise _told(exc) from None
         files.append(OutputFile(file, header, offsets))
     return files
 

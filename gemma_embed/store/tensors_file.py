@@ -9,13 +9,18 @@ fixed order, and the rows are streamed to the file item by item. Reading stays w
 
 Tensors: `embeddings` [total_rows, D] (every item's rows, in order) and `offsets` int64 [N+1] (item i is
 `embeddings[offsets[i]:offsets[i+1]]`). Metadata: the run header, `format`, `created_by`, `dtype`, and `keys`
-and `items` as ASCII JSON lists in row order.
+and `items` as ASCII JSON lists in row order; parts also carry `rows_crc32` (one checksum per item, `row_checksum`).
+
+Files are read as untrusted: anything where such a file should be that is not one (a folder, a FIFO, a pickle,
+metadata that is not the JSON lists it should be, offsets that do not match the items) is a `DamagedFile`, one
+line naming the file, never a traceback.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -24,15 +29,21 @@ import torch
 from gemma_embed import FORMAT, __version__
 from gemma_embed.config import DTYPE_CODES
 from gemma_embed.device import dtype_name
-from gemma_embed.store.layout import atomic_file
+from gemma_embed.store.layout import DamagedFile, atomic_file, require_regular_file
 
 SAFETENSORS_DTYPES = {getattr(torch, name): code for name, code in DTYPE_CODES.items() if name != "float64"}
 HEADER_ALIGNMENT = 8  # the data section starts 8-byte aligned, as safetensors' own writer pads it
 
 
-def file_metadata(header: dict[str, str], dtype: torch.dtype, keys: list[str], items: list[dict]) -> dict[str, str]:
-    """The string metadata of one file, in a fixed order."""
-    return {
+def file_metadata(
+    header: dict[str, str],
+    dtype: torch.dtype,
+    keys: list[str],
+    items: list[dict],
+    row_checksums: list[str] | None = None,
+) -> dict[str, str]:
+    """The string metadata of one file, in a fixed order; `row_checksums` (parts) are checked by --resume."""
+    meta = {
         **header,
         "format": FORMAT,
         "created_by": f"gemma-embed {__version__}",
@@ -41,6 +52,20 @@ def file_metadata(header: dict[str, str], dtype: torch.dtype, keys: list[str], i
         "keys": json.dumps(keys, ensure_ascii=True),
         "items": json.dumps(items, ensure_ascii=True),
     }
+    if row_checksums is not None:
+        meta["rows_crc32"] = json.dumps(row_checksums)
+    return meta
+
+
+def row_checksum(rows: torch.Tensor) -> str:
+    """CRC-32 of one item's rows as stored (their bytes in the file's dtype), computed in place, as 8 hex digits.
+
+    What it guards against is change by accident (a flipped bit, a torn or edited file), what CRC-32 is made for;
+    whoever can rewrite a part can rewrite any checksum in it too. Measured (`python -m bench.bench_part_checksum`,
+    2-core AMD EPYC): 0.56 ms for the 1.7 MB rows of a 280-token image at hidden 1536 (3.1 GB/s), a quarter more
+    on the part's own write (1.7 ms per item), where sha256 took 1.9 ms."""
+    flat = rows.detach().to("cpu").contiguous().reshape(-1)
+    return f"{zlib.crc32(flat.view(torch.uint8).numpy()):08x}"
 
 
 def _raw_bytes(tensor: torch.Tensor) -> bytes:
@@ -96,39 +121,86 @@ def write_embedding_file(
 
 
 def _safe_open(file: Path):
-    """safetensors' reader, with its own error type (a file that is not safetensors at all) as a ValueError
-    naming the file."""
+    """safetensors' reader on a regular file (a FIFO would block the open; a folder gives "No such device"),
+    with its own error type (a file that is not safetensors at all, such as a pickle) as a `DamagedFile`."""
     from safetensors import SafetensorError, safe_open
 
+    require_regular_file(file)
     try:
         return safe_open(str(file), framework="pt")
     except SafetensorError as exc:
-        raise ValueError(f"{file}: not a {FORMAT} file ({' '.join(str(exc).split())})") from None
+        raise DamagedFile(file, str(exc)) from None
+
+
+def _metadata(file: Path, handle) -> dict[str, str]:
+    meta = dict(handle.metadata() or {})
+    if meta.get("format") != FORMAT:
+        raise DamagedFile(file, f"format={meta.get('format')!r}")
+    return meta
 
 
 def read_header(file: Path) -> dict:
     """A gemma-embed/1 file's string metadata, without reading any tensor."""
     with _safe_open(file) as fh:
-        meta = dict(fh.metadata() or {})
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{file}: not a {FORMAT} file (format={meta.get('format')!r})")
-    return meta
+        return _metadata(file, fh)
+
+
+def json_list(file: Path, meta: dict, field: str, element: type) -> list:
+    """Metadata field `field`: a JSON list of `element`s (keys: str, items: dict, checksums: str)."""
+    if field not in meta:
+        raise DamagedFile(file, f"no {field} field")
+    try:
+        value = json.loads(meta[field])
+    except json.JSONDecodeError as exc:
+        raise DamagedFile(file, f"{field} is not valid JSON: {exc}") from None
+    if not isinstance(value, list) or not all(isinstance(v, element) for v in value):
+        raise DamagedFile(file, f"{field} is not a JSON list of {element.__name__} values")
+    return value
+
+
+def listing(file: Path, meta: dict) -> tuple[list[str], list[dict]]:
+    """The keys and items of a file, checked against each other."""
+    keys, items = json_list(file, meta, "keys", str), json_list(file, meta, "items", dict)
+    if len(keys) != len(items):
+        raise DamagedFile(file, f"{len(keys)} keys but {len(items)} items")
+    if len(set(keys)) != len(keys):
+        raise DamagedFile(file, "a key appears twice")
+    if not all(type(item.get("rows")) is int and item["rows"] >= 0 for item in items):
+        raise DamagedFile(file, "an item without a row count")
+    return keys, items
+
+
+def checked_offsets(file: Path, handle, count: int | None = None, rows: list[int] | None = None) -> torch.Tensor:
+    """The `offsets` tensor, checked against the embeddings' rows and, when given, the item count and rows."""
+    from safetensors import SafetensorError
+
+    try:
+        offsets = handle.get_tensor("offsets")
+        shape = handle.get_slice("embeddings").get_shape()
+    except SafetensorError as exc:
+        raise DamagedFile(file, str(exc)) from None
+    if offsets.dtype != torch.int64 or offsets.dim() != 1 or len(offsets) == 0 or len(shape) != 2:
+        raise DamagedFile(file, f"offsets of shape {tuple(offsets.shape)}, embeddings of shape {tuple(shape)}")
+    if count is not None and len(offsets) != count + 1:
+        raise DamagedFile(file, f"{len(offsets)} offsets for {count} items")
+    if int(offsets[0]) != 0 or int(offsets[-1]) != shape[0] or bool((offsets.diff() < 0).any()):
+        raise DamagedFile(file, f"offsets do not cover the {shape[0]} embedding rows")
+    if rows is not None and offsets.diff().tolist() != rows:
+        raise DamagedFile(file, "offsets do not match the items' row counts")
+    return offsets
 
 
 class FileRows:
-    """Rows of one item at a time from an open file (memory-mapped slices, nothing else is read)."""
+    """Rows of one item at a time from an open file (memory-mapped slices, nothing else is read); its keys,
+    items and offsets are checked on opening."""
 
     def __init__(self, file: Path, stack):
         self.file = Path(file)
         self.handle = stack.enter_context(_safe_open(file))
-        self.metadata = self.handle.metadata() or {}
-        if self.metadata.get("format") != FORMAT:
-            raise ValueError(f"{file}: not a {FORMAT} file (format={self.metadata.get('format')!r})")
-        self.keys: list[str] = json.loads(self.metadata["keys"])
-        self.items: list[dict] = json.loads(self.metadata["items"])
-        self._offsets: list[int] | None = None
+        self.metadata = _metadata(self.file, self.handle)
+        self.keys, self.items = listing(self.file, self.metadata)
+        rows = [item["rows"] for item in self.items]
+        self._offsets: list[int] = checked_offsets(self.file, self.handle, len(self.keys), rows).tolist()
 
     def rows(self, position: int) -> torch.Tensor:
-        if self._offsets is None:
-            self._offsets = self.handle.get_tensor("offsets").tolist()
         return self.handle.get_slice("embeddings")[self._offsets[position] : self._offsets[position + 1]]

@@ -11,13 +11,20 @@ interrupted run) is indexed by key and content hash:
   drops it (`pruned`). Nothing is dropped silently.
 The final order: the existing output's items in their order (each replaced by this run's version when this
 run has one), then this run's other items in input order. Without an existing output that is input order.
+
+Each part records a CRC-32 of every item's rows (`rows_crc32`); --resume checks them and computes again, with
+a warning naming the part, any item whose rows changed on disk. Anything in the way that is not what it should
+be (a folder named like a part, a part or output with broken metadata) stops the run with one line naming it.
+One writer per output: the caller holds the output's lock (`lock.py`) for the writer's whole life.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +36,7 @@ from gemma_embed.errors import UsageError
 from gemma_embed.store import tensors_file
 from gemma_embed.store.layout import (
     HEADER_CAP,
+    DamagedFile,
     index_path,
     output_files,
     parts_folder,
@@ -36,12 +44,15 @@ from gemma_embed.store.layout import (
     shard_path,
     write_index,
 )
-from gemma_embed.store.tensors_file import FileRows, file_metadata, read_header
+from gemma_embed.store.tensors_file import FileRows, file_metadata, json_list, row_checksum
 
 # Settings that change an item's rows: work saved under other values cannot be resumed into this run.
 FINGERPRINT = ("model", "revision", "modality", "space", "pooling", "compute_dtype", "preprocessing", "dtype", "dim")
 # Item metadata that describes the file rather than its content: what a reused item takes from its own file.
 FILE_FACTS = ("path", "bytes", "mtime", "sha256")
+PART_NAME = re.compile(r"part-(\d{6,})\.safetensors")
+# How to get past a file in the way of --resume.
+RESUME_FIX = "remove it or run with --overwrite"
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,7 @@ class EmbeddingWriter:
         resume: bool = False,
         prune: bool = False,
         shard_size: int | None = None,
+        warn: Callable[[str], None] | None = None,
     ):
         self.path = Path(path)
         self.parts = parts_folder(self.path)
@@ -83,32 +95,42 @@ class EmbeddingWriter:
         self.kept = 0  # existing items this run's input did not name, kept (set by close)
         self.pruned = 0  # ... dropped with --prune
         self.items_written = 0
+        self.warn = warn or (lambda message: None)
         if resume:
             self._index_previous_work()
-        elif self.parts.exists():
+        elif self.parts.is_dir() and not self.parts.is_symlink():
             shutil.rmtree(self.parts)  # --overwrite: start over
+        elif self.parts.exists() or self.parts.is_symlink():
+            self.parts.unlink()
 
     # ------------------------------------------------------------------------------------------ resume
     def _index_previous_work(self) -> None:
-        previous = output_files(self.path)
-        for file in previous + sorted(self.parts.glob("part-*.safetensors")):
-            try:
-                meta = read_header(file)
-            except ValueError as exc:
-                raise UsageError(f"cannot resume: {exc}") from exc
-            for field in FINGERPRINT:
-                if meta.get(field, "") != self.header.get(field, ""):
-                    raise UsageError(
-                        f"{file}: made with {field}={meta.get(field)!r}, this run has "
-                        f"{self.header.get(field)!r}; use the same settings or --overwrite"
+        previous, parts = previous_work(self.path)
+        in_parts = set(parts)
+        for file in previous + parts:
+            with ExitStack() as stack:
+                saved, checksums = _open_saved(file, file in in_parts, stack)
+                meta = saved.metadata
+                for field in FINGERPRINT:
+                    if meta.get(field, "") != self.header.get(field, ""):
+                        raise UsageError(
+                            f"{file}: made with {field}={meta.get(field)!r}, this run has "
+                            f"{self.header.get(field)!r}; use the same settings or --overwrite"
+                        )
+                damaged = 0
+                for position, (key, item) in enumerate(zip(saved.keys, saved.items, strict=True)):
+                    if checksums is not None and row_checksum(saved.rows(position)) != checksums[position]:
+                        damaged += 1  # not remembered: computed again
+                        continue
+                    self._remember(key, Saved(file, position, item))
+                if damaged:
+                    self.warn(
+                        f"{file}: the rows of {damaged} of its {len(saved.keys)} items do not match their checksum "
+                        f"(changed on disk); they are computed again"
                     )
-            keys, items = json.loads(meta["keys"]), json.loads(meta["items"])
-            for position, (key, item) in enumerate(zip(keys, items, strict=True)):
-                self._remember(key, Saved(file, position, item))
-            if file in previous:
-                self.base += keys
-        numbers = [int(p.stem.split("-")[1]) for p in self.parts.glob("part-*.safetensors")]
-        self.part_count = max(numbers, default=-1) + 1
+                if file not in in_parts:
+                    self.base += saved.keys
+        self.part_count = max((_part_number(p) for p in parts), default=-1) + 1
 
     def _remember(self, key: str, saved: Saved) -> None:
         self.saved[key] = saved
@@ -155,7 +177,7 @@ class EmbeddingWriter:
         rows = [tensor for _, tensor in self.pending.values()]
         tensors_file.write_embedding_file(
             part,
-            file_metadata(self.header, self.dtype, keys, metas),
+            file_metadata(self.header, self.dtype, keys, metas, [row_checksum(r) for r in rows]),
             [r.shape[0] for r in rows],
             rows[0].shape[1],
             self.dtype,
@@ -242,3 +264,56 @@ class EmbeddingWriter:
         for tensor in (t for _, t in self.pending.values()):
             return int(tensor.shape[1])
         return int(rows_of(keys[0]).shape[1]) if keys else 0
+
+
+# ---------------------------------------------------------------------------------------- previous work
+
+
+def previous_work(output: Path) -> tuple[list[Path], list[Path]]:
+    """What --resume reads: the existing output's files, and the parts of an interrupted run in order.
+    Anything in `.parts` named like a part must be one."""
+    parts = parts_folder(output)
+    files: list[Path] = []
+    if parts.exists():
+        if not parts.is_dir():
+            raise DamagedFile(parts, "is a file", "parts folder", RESUME_FIX)
+        files = list(parts.glob("part-*.safetensors"))
+        for file in files:
+            if not PART_NAME.fullmatch(file.name):
+                raise DamagedFile(file, "a name other than part-NNNNNN.safetensors", "part file", RESUME_FIX)
+    try:
+        previous = output_files(output)
+    except DamagedFile as exc:
+        raise exc.told(fix=RESUME_FIX) from None
+    return previous, sorted(files, key=_part_number)
+
+
+def check_resumable(output: Path) -> None:
+    """Before a model is loaded: every file --resume will read opens as what it should be (rows are checked
+    against their checksums later, by the writer)."""
+    previous, parts = previous_work(output)
+    for file in previous:
+        with ExitStack() as stack:
+            _open_saved(file, False, stack)
+    for file in parts:
+        with ExitStack() as stack:
+            _open_saved(file, True, stack)
+
+
+def _part_number(part: Path) -> int:
+    return int(PART_NAME.fullmatch(part.name)[1])
+
+
+def _open_saved(file: Path, is_part: bool, stack: ExitStack) -> tuple[FileRows, list[str] | None]:
+    """A file of earlier work, checked, with its checksums of each item's rows (parts only; None for a part
+    written before parts had them)."""
+    try:
+        saved = FileRows(file, stack)
+        if not is_part or "rows_crc32" not in saved.metadata:
+            return saved, None
+        checksums = json_list(file, saved.metadata, "rows_crc32", str)
+        if len(checksums) != len(saved.keys):
+            raise DamagedFile(file, f"{len(checksums)} row checksums for {len(saved.keys)} items")
+        return saved, checksums
+    except DamagedFile as exc:
+        raise exc.told("part file" if is_part else None, RESUME_FIX) from None
