@@ -168,8 +168,11 @@ def config_from(modality: str, options: dict) -> RunConfig:
 
 
 def _print_error(message: str) -> None:
+    """One `error:` line on stderr; a newline or escape sequence in the message (a name) is shown as an escape."""
+    from gemma_embed.terminal import printable
+
     try:
-        print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+        print(f"error: {printable(message.strip())}", file=sys.stderr, flush=True)
     except (BrokenPipeError, ValueError):
         pass  # nobody reads stderr any more; the exit code still says it
 

@@ -1,7 +1,9 @@
 """The one reporting object: rich progress on stderr, JSON on stdout, silence when asked.
 
 The library never prints anywhere else. Stderr is for people (a live bar only when it is a terminal); stdout is
-for programs: one JSON record per item with `--jsonl`, and always one final JSON summary line.
+for programs: one JSON record per item with `--jsonl`, and always one final JSON summary line. Every line on
+stderr goes through `terminal.printable` (a name's control characters shown as escapes, never acted on, never
+read as rich markup); the JSON keeps names exact.
 
 A reader that goes away (`| head -1`) is not a failure of the work: once stdout is closed the records stop, the
 run finishes and writes its output, and a note on stderr says so. A closed stderr silences the people's lines.
@@ -17,11 +19,7 @@ from typing import IO
 from gemma_embed.errors import ItemError
 from gemma_embed.memory import human_bytes
 from gemma_embed.result import RunResult
-
-
-def printable(text: str) -> str:
-    """A key for people: bytes of non-UTF-8 file names shown as escapes instead of crashing the terminal."""
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+from gemma_embed.terminal import printable
 
 
 def _silence(stream: IO[str]) -> None:
@@ -79,6 +77,7 @@ class Reporter:
         if not self.live:
             return
         from rich.console import Console
+        from rich.markup import escape
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -100,7 +99,7 @@ class Reporter:
             transient=False,
         )
         self._progress.start()
-        self._task = self._progress.add_task(description, total=total, rate="", status="")
+        self._task = self._progress.add_task(escape(printable(description)), total=total, rate="", status="")
 
     def set_total(self, total: int) -> None:
         if self._progress is not None:
@@ -116,11 +115,13 @@ class Reporter:
         self._progress.update(self._task, completed=done, rate=f"{done / elapsed:.1f} items/s", status=status)
 
     def _err(self, line: str) -> None:
+        """One line for people, its control characters escaped (a newline in a name cannot start a line)."""
         if self.quiet or self.stderr_closed:
             return
+        line = printable(line)
         try:
             if self._progress is not None:
-                self._progress.console.print(line, markup=False, highlight=False)
+                self._progress.console.print(line, markup=False, highlight=False, emoji=False)
             else:
                 print(line, file=self.stderr, flush=True)
         except (BrokenPipeError, ValueError):  # ValueError: the stream object itself was closed
@@ -157,7 +158,7 @@ class Reporter:
     def library_message(self, key: str | None, message: str) -> None:
         """What a library said (capture.py): attached to the item's record; shown live only with --debug."""
         if self.debug:
-            self._err(f"warning: {printable(key)}: {printable(message)}" if key else f"warning: {printable(message)}")
+            self._err(f"warning: {key}: {message}" if key else f"warning: {message}")
 
     def send_stderr_to(self, stream: IO[str]) -> None:
         """Write the tool's own lines to `stream` from now on (capture.py points fd 2 elsewhere for a run)."""
@@ -167,9 +168,12 @@ class Reporter:
 
     def item_failed(self, error: ItemError) -> None:
         record = error.as_record()
-        self._err(f"error: {printable(error.key)}: {printable(error.message)}")
+        self._err(f"error: {error.key}: {error.message}")
         if self.debug and error.traceback_text:
-            self._err(error.traceback_text.rstrip())
+            # Indented under its error line: the tool's own lines start at the margin, so a newline inside a name
+            # in the traceback cannot forge one.
+            for line in error.traceback_text.rstrip().split("\n"):
+                self._err(f"  {line}")
         if self.jsonl:
             self._out({"type": "item", "status": "failed", **record})
         self._advance()
@@ -179,13 +183,20 @@ class Reporter:
         if not self.quiet:
             from rich.console import Console
             from rich.table import Table
+            from rich.text import Text
 
             table = Table(
-                title=f"{plan['modality']}: {plan['items']} items, {plan['units']} units on "
-                f"{plan['device']} ({plan['dtype']}); free {human_bytes(plan['free_memory'])} of "
-                f"{human_bytes(plan['total_memory'])}, budget {human_bytes(plan['budget'])}"
+                title=Text(
+                    printable(
+                        f"{plan['modality']}: {plan['items']} items, {plan['units']} units on "
+                        f"{plan['device']} ({plan['dtype']}); free {human_bytes(plan['free_memory'])} of "
+                        f"{human_bytes(plan['total_memory'])}, budget {human_bytes(plan['budget'])}"
+                    )
+                )
             )
-            table.caption = f"chunk = the memory cap; {plan['chunking']}; dtype: {plan.get('dtype_reason', '')}"
+            table.caption = Text(
+                printable(f"chunk = the memory cap; {plan['chunking']}; dtype: {plan.get('dtype_reason', '')}")
+            )
             for column in ("length", "units", "cost per unit", "chunk"):
                 table.add_column(column, justify="right")
             for b in plan["buckets"]:

@@ -251,11 +251,16 @@ def _query_prompt_name(model: str, revision: str | None) -> str | None:
 
 
 def render_table(hits: list[SearchHit]) -> str:
-    """Aligned plain text: rank, score, key, path, and the video time when any hit has one."""
+    """Aligned plain text: rank, score, key, path, and the video time when any hit has one; keys and paths with
+    their control characters escaped (`terminal.printable`), as on every line the tool shows people."""
+    from gemma_embed.terminal import printable
+
     timed = any(h.timestamp is not None for h in hits)
     header = ["rank", "score", "key", "path"] + (["time_s"] if timed else [])
     rows = [
-        [str(h.rank), f"{h.score:.4f}", h.key, h.path or ""] + ([_seconds(h.timestamp)] if timed else []) for h in hits
+        [str(h.rank), f"{h.score:.4f}", printable(h.key), printable(h.path or "")]
+        + ([_seconds(h.timestamp)] if timed else [])
+        for h in hits
     ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]

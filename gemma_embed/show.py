@@ -34,11 +34,17 @@ def ordered_header(meta: dict) -> dict:
 
 
 def show(path: Path, limit: int = 20, as_json: bool = False) -> None:
+    """The header and the first `limit` items as tables; every cell is plain text (a name's control characters
+    shown as escapes, never read as rich markup). `as_json`: the exact values as one JSON object."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    from gemma_embed.progress import printable
     from gemma_embed.store import iter_items, read_metadata
+    from gemma_embed.terminal import printable
+
+    def cell(value, style: str = "") -> Text:
+        return Text(printable(str(value)), style=style)
 
     meta = read_metadata(path)
     if as_json:
@@ -47,8 +53,8 @@ def show(path: Path, limit: int = 20, as_json: bool = False) -> None:
     console = Console(file=sys.stdout)
     header = Table(show_header=False, box=None)
     for key, value in ordered_header(meta).items():
-        header.add_row(f"[bold]{key}", str(value))
-    header.add_row("[bold]items", str(len(meta["keys"])))
+        header.add_row(cell(key, "bold"), cell(value))
+    header.add_row(cell("items", "bold"), cell(len(meta["keys"])))
     console.print(header)
     items = Table()
     for column in ("#", "key", "rows", "dim", "path"):
@@ -57,7 +63,5 @@ def show(path: Path, limit: int = 20, as_json: bool = False) -> None:
         if limit and i >= limit:
             items.add_row("...", f"{len(meta['keys']) - limit} more", "", "", "")
             break
-        items.add_row(
-            str(i), printable(key), str(rows.shape[0]), str(rows.shape[1]), printable(str(item.get("path", "")))
-        )
+        items.add_row(cell(i), cell(key), cell(rows.shape[0]), cell(rows.shape[1]), cell(item.get("path", "")))
     console.print(items)

@@ -3,6 +3,11 @@
 The language model's weights are never read: the index's `weight_map` says which weight files (the checkpoint's
 own shards) hold tower tensors, and only those are opened (and, for a hub id, downloaded). A single-file
 checkpoint is opened with `safe_open`, which maps the file and reads only the requested tensors.
+
+A checkpoint is data, never code: `load_pretrained` is the package's one call into transformers' `from_pretrained`
+(a test walks the source for any other), it passes `trust_remote_code=False`, and before it loads anything it
+refuses a checkpoint whose JSON names `auto_map` (code shipped in the folder) or a class transformers does not
+have. Weights are read only as safetensors (`open_weights`); anything else named `.safetensors` is one error line.
 """
 
 from __future__ import annotations
@@ -24,6 +29,27 @@ CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json")
+# Every JSON file transformers' Auto loaders read from a checkpoint folder (its CONFIG_NAME, PROCESSOR_NAME,
+# IMAGE_PROCESSOR_NAME, VIDEO_PROCESSOR_NAME, AUDIO_TOKENIZER_NAME, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE,
+# ADDED_TOKENS_FILE, LEGACY_PROCESSOR_CHAT_TEMPLATE_FILE; a test checks the list against transformers' own names).
+LOADER_JSON_FILES = (
+    CONFIG_FILE,
+    *PROCESSOR_FILES,
+    "audio_tokenizer_config.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.json",
+)
+# The Auto classes `load_pretrained` may call: configs and the processors that turn media into model inputs.
+AUTO_CLASSES = (
+    "AutoConfig",
+    "AutoProcessor",
+    "AutoTokenizer",
+    "AutoImageProcessor",
+    "AutoVideoProcessor",
+    "AutoFeatureExtractor",
+)
 
 
 @dataclass
@@ -39,9 +65,13 @@ class Checkpoint:
     _fetched: dict[str, Path] = field(default_factory=dict)
 
     def file_for(self, filename: str) -> Path:
-        """Local path of one weight file, downloading it (alone) for a hub id."""
+        """Local path of one weight file, downloading it (alone) for a hub id. A name that climbs out of the
+        folder (an index's `weight_map` is the checkpoint's own data) is refused."""
         if filename not in self._fetched:
             if self.is_local:
+                relative = Path(filename)
+                if relative.is_absolute() or ".." in relative.parts:
+                    raise CheckpointError(f"{self.source}: weight file {filename!r} is outside the checkpoint folder")
                 path = self.folder / filename
             else:
                 path = Path(_hub_download(self.source, filename, self.revision))
@@ -72,9 +102,10 @@ def hub_offline() -> str | None:
 
 
 @contextlib.contextmanager
-def _quiet_hub():
-    """huggingface_hub logs retries and warnings itself; the tool says what failed in one line instead."""
-    logger = logging.getLogger("huggingface_hub")
+def _quiet_logger(name: str):
+    """A library that logs retries and warnings itself (huggingface_hub, transformers): the tool says what failed
+    in one line instead."""
+    logger = logging.getLogger(name)
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
@@ -89,7 +120,7 @@ def _hub_download(repo_id: str, filename: str, revision: str | None, optional: b
 
     offline = hub_offline()
     try:
-        with _quiet_hub():
+        with _quiet_logger("huggingface_hub"):
             return hf_hub_download(repo_id, filename, revision=revision, local_files_only=offline is not None)
     except RepositoryNotFoundError as exc:
         raise CheckpointError(
@@ -115,8 +146,6 @@ def _hub_download(repo_id: str, filename: str, revision: str | None, optional: b
 
 def resolve_checkpoint(model: str, revision: str | None = None) -> Checkpoint:
     """Find config, processor files and the tensor -> file map, downloading no weights yet."""
-    from transformers import AutoConfig
-
     path = Path(model).expanduser()
     is_local = path.is_dir()
     if is_local:
@@ -133,26 +162,21 @@ def resolve_checkpoint(model: str, revision: str | None = None) -> Checkpoint:
         for name in PROCESSOR_FILES:
             _hub_download(model, name, revision, optional=True)
 
-    try:
-        config = AutoConfig.from_pretrained(str(folder))
-    except (ValueError, KeyError, OSError) as exc:
-        raise CheckpointError(f"{model}: cannot read {CONFIG_FILE}: {' '.join(str(exc).split())}") from exc
+    config = load_pretrained("AutoConfig", folder, model, f"config ({CONFIG_FILE})")
 
     index_path = folder / INDEX_FILE
     if not is_local and not index_path.exists():
         fetched = _hub_download(model, INDEX_FILE, revision, optional=True)
         index_path = Path(fetched) if fetched else index_path
     if index_path.is_file():
-        weight_map = json.loads(index_path.read_text())["weight_map"]
+        weight_map = _read_weight_map(index_path, model)
     else:
         single = folder / SINGLE_FILE
         if not is_local:
             single = Path(_hub_download(model, SINGLE_FILE, revision))
         elif not single.is_file():
             raise CheckpointError(f"{model}: no {SINGLE_FILE} or {INDEX_FILE} (only safetensors weights are read)")
-        from safetensors import safe_open
-
-        with safe_open(str(single), framework="pt") as fh:
+        with open_weights(model, SINGLE_FILE, single) as fh:
             weight_map = {key: SINGLE_FILE for key in fh.keys()}
     return Checkpoint(
         source=model, revision=revision, folder=folder, config=config, weight_map=weight_map, is_local=is_local
@@ -176,16 +200,11 @@ def stored_dtype(checkpoint: Checkpoint) -> tuple[object, str]:
         dtype = getattr(torch, dtype, None)
     if isinstance(dtype, torch.dtype):
         return dtype, "its config's dtype"
-    from safetensors import safe_open
-
     towers_first = sorted(checkpoint.weight_map, key=lambda key: not any(part in key for part in TOWER_KEY_PARTS))
     for key in towers_first:
         filename = checkpoint.weight_map[key]
-        try:
-            with safe_open(str(checkpoint.file_for(filename)), framework="pt") as fh:
-                stored = STORED_DTYPES.get(fh.get_slice(key).get_dtype())
-        except OSError as exc:
-            raise CheckpointError(f"{checkpoint.source}: cannot read {filename}: {exc}") from exc
+        with open_weights(checkpoint.source, filename, checkpoint.file_for(filename)) as fh:
+            stored = STORED_DTYPES.get(fh.get_slice(key).get_dtype())
         if stored is not None:
             return getattr(torch, stored), f"its tensors' dtype in {filename}"
     return None, ""
@@ -202,21 +221,15 @@ def find_prefix(checkpoint: Checkpoint, candidates: Iterable[str]) -> str | None
 
 def read_tensors(checkpoint: Checkpoint, prefix: str) -> dict:
     """All tensors under `prefix` (prefix stripped), opening only the files that hold them."""
-    from safetensors import safe_open
-
     by_file: dict[str, list[str]] = {}
     for key, filename in checkpoint.weight_map.items():
         if key.startswith(prefix):
             by_file.setdefault(filename, []).append(key)
     tensors = {}
     for filename, keys in sorted(by_file.items()):
-        path = checkpoint.file_for(filename)
-        try:
-            with safe_open(str(path), framework="pt") as fh:
-                for key in keys:
-                    tensors[key[len(prefix) :]] = fh.get_tensor(key)
-        except OSError as exc:
-            raise CheckpointError(f"{checkpoint.source}: cannot read {filename}: {exc}") from exc
+        with open_weights(checkpoint.source, filename, checkpoint.file_for(filename)) as fh:
+            for key in keys:
+                tensors[key[len(prefix) :]] = fh.get_tensor(key)
     return tensors
 
 
@@ -323,9 +336,133 @@ def load_part(checkpoint: Checkpoint, name: str, prefixes: tuple[str, ...], fact
 
 def load_processor(checkpoint: Checkpoint, auto_class: str, what: str):
     """transformers' own processor of the checkpoint (`AutoImageProcessor`, ...), from its processor files."""
+    return load_pretrained(auto_class, checkpoint.folder, checkpoint.source, what)
+
+
+def load_pretrained(auto_class: str, folder: Path, source: str, what: str, **kwargs):
+    """`transformers.<auto_class>.from_pretrained(folder, **kwargs)`: the package's only call of a
+    `from_pretrained`. The checkpoint's JSON files are checked first (`refuse_checkpoint_code`), and
+    `trust_remote_code=False` is always passed (whatever `kwargs`, which may come from the checkpoint's own
+    files, say), so transformers neither imports the folder's code nor asks about it on stdin/stdout (with
+    `trust_remote_code` left unset it prompts, and reads the answer from stdin). Any failure is one
+    CheckpointError line."""
     import transformers
 
+    if auto_class not in AUTO_CLASSES:
+        raise ValueError(f"load_pretrained: {auto_class!r} is not one of {', '.join(AUTO_CLASSES)}")
+    refuse_checkpoint_code(folder, source)
+    kwargs["trust_remote_code"] = False
     try:
-        return getattr(transformers, auto_class).from_pretrained(str(checkpoint.folder))
-    except (OSError, ValueError, KeyError, ImportError) as exc:
-        raise CheckpointError(f"{checkpoint.source}: cannot load its {what}: {' '.join(str(exc).split())}") from exc
+        return getattr(transformers, auto_class).from_pretrained(str(folder), **kwargs)
+    except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
+        raise CheckpointError(f"{source}: cannot load its {what}: {' '.join(str(exc).split())}") from exc
+
+
+def refuse_checkpoint_code(folder: Path, source: str) -> None:
+    """A CheckpointError when any JSON file transformers' loaders would read from `folder` names `auto_map` (at
+    any depth: processor_config.json nests its parts' configs) or a tokenizer/processor class, or a model type,
+    that transformers does not have: either would make transformers look for code in the checkpoint itself."""
+    for name in LOADER_JSON_FILES:
+        path = folder / name
+        if not path.is_file():  # absent, or not a regular file (a FIFO would block the read)
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{source}: cannot read {name}: {' '.join(str(exc).split())}") from exc
+        problem = _code_reference(data)
+        if problem is None and name == CONFIG_FILE and isinstance(data, dict):
+            problem = _unknown_model_type(data.get("model_type"))
+        if problem is not None:
+            raise CheckpointError(
+                f"{source}: {name} {problem}; gemma-embed runs only transformers' own classes, never a checkpoint's "
+                f"own code"
+            )
+
+
+def _code_reference(data) -> str | None:
+    """What in one parsed JSON file points at code outside transformers, or None."""
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            if "auto_map" in node:
+                return f"names auto_map ({' '.join(str(node['auto_map']).split())[:200]})"
+            for field, value in node.items():
+                if field in CLASS_FIELDS and isinstance(value, str) and not _known_class(field, value):
+                    return f"names {field} {value!r}, which transformers does not have"
+                if isinstance(value, dict | list):
+                    stack.append(value)
+    return None
+
+
+# Fields naming a class the Auto loaders look up by name, and transformers' own lookup for each (None: unknown).
+CLASS_FIELDS = {
+    "tokenizer_class": ("tokenization_auto", "tokenizer_class_from_name"),
+    "processor_class": ("processing_auto", "processor_class_from_name"),
+    "image_processor_type": ("image_processing_auto", "get_image_processor_class_from_name"),
+    "video_processor_type": ("video_processing_auto", "video_processor_class_from_name"),
+    "feature_extractor_type": ("feature_extraction_auto", "feature_extractor_class_from_name"),
+}
+
+
+@functools.cache
+def _known_class(field: str, name: str) -> bool:
+    """Whether transformers has the class `name` for `field`, looked up as its Auto loaders look it up; a
+    pre-v5 `...Fast` name counts as its base class (transformers maps one to the other)."""
+    import importlib
+
+    module_name, function = CLASS_FIELDS[field]
+    lookup = getattr(importlib.import_module(f"transformers.models.auto.{module_name}"), function)
+    with _quiet_logger("transformers"):  # a `...Fast` image processor name logs a deprecation warning
+        return any(lookup(candidate) is not None for candidate in dict.fromkeys((name.removesuffix("Fast"), name)))
+
+
+def _unknown_model_type(model_type) -> str | None:
+    from transformers import CONFIG_MAPPING
+
+    if isinstance(model_type, str) and model_type not in CONFIG_MAPPING:
+        return f"names model_type {model_type!r}, which transformers does not have"
+    return None
+
+
+def _read_weight_map(index_path: Path, source: str) -> dict[str, str]:
+    """The index's tensor -> file map, checked to be one (the file is the checkpoint's own data)."""
+    try:
+        weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        detail = f"no {exc}" if isinstance(exc, KeyError) else " ".join(str(exc).split())
+        raise CheckpointError(f"{source}: cannot read {INDEX_FILE}: {detail}") from exc
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise CheckpointError(f"{source}: {INDEX_FILE}: weight_map is not a map of tensor names to file names")
+    return weight_map
+
+
+@contextlib.contextmanager
+def open_weights(source: str, filename: str, path: Path):
+    """`safe_open(path)` for a checkpoint's weight file: a file that is not safetensors (a pickle renamed
+    `model.safetensors`, a truncated download), an unreadable one, or a tensor it lacks is one CheckpointError
+    naming the file, never a traceback."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        raise CheckpointError(f"{source}: {filename} is not a regular file")
+    try:
+        handle = safe_open(str(path), framework="pt")
+    except SafetensorError as exc:
+        raise CheckpointError(
+            f"{source}: {filename} is not a safetensors file ({' '.join(str(exc).split())}); "
+            f"only safetensors weights are read"
+        ) from None
+    except OSError as exc:
+        raise CheckpointError(f"{source}: cannot read {filename}: {exc.strerror or exc}") from None
+    with handle:
+        try:
+            yield handle
+        except SafetensorError as exc:
+            raise CheckpointError(f"{source}: {filename}: {' '.join(str(exc).split())}") from None

@@ -18,7 +18,7 @@ import torch
 
 from gemma_embed.config import Modality
 from gemma_embed.errors import CheckpointError, UsageError
-from gemma_embed.models.loading import Checkpoint
+from gemma_embed.models.loading import Checkpoint, load_pretrained
 
 MODEL_TYPE = "embedding_gemma2"
 MODALITIES = tuple(m.singular for m in (Modality.text, Modality.images, Modality.video, Modality.audio))
@@ -185,7 +185,7 @@ def read_sentence_transformers(checkpoint: Checkpoint) -> SentenceTransformerSet
         if params.get("method", "forward") != "forward":
             raise CheckpointError(f"{checkpoint.source}: modality {name} uses {params['method']}, not forward")
     processor_kwargs = dict(transformer.get("processor_kwargs") or transformer.get("tokenizer_args") or {})
-    processor_kwargs.pop("trust_remote_code", None)
+    processor_kwargs.pop("trust_remote_code", None)  # load_pretrained passes False whatever the file says
     if transformer.get("max_seq_length") is not None:
         processor_kwargs.setdefault("model_max_length", int(transformer["max_seq_length"]))
 
@@ -431,13 +431,8 @@ def _infer_message_format(processor, model_type: str) -> str:
 def load_st_processor(checkpoint: Checkpoint, setup: SentenceTransformerSetup):
     """AutoProcessor from the checkpoint folder with the module's processor_kwargs, its tokenizer's
     model_max_length capped as sentence-transformers caps it."""
-    import transformers
-
     kwargs = {k: v for k, v in setup.processor_kwargs.items() if k not in ("revision", "token", "cache_dir")}
-    try:
-        processor = transformers.AutoProcessor.from_pretrained(str(checkpoint.folder), **kwargs)
-    except (OSError, ValueError, KeyError, ImportError) as exc:
-        raise CheckpointError(f"{checkpoint.source}: cannot load its processor: {' '.join(str(exc).split())}") from exc
+    processor = load_pretrained("AutoProcessor", checkpoint.folder, checkpoint.source, "processor", **kwargs)
     tokenizer = getattr(processor, "tokenizer", None)
     limit = getattr(checkpoint.config, "max_position_embeddings", -1)
     if (
