@@ -1,18 +1,17 @@
 """Every file layout of an output, written and read here and nowhere else (the `gemma-embed/1` format).
 
 - `tensors_file`: one embedding file (safetensors layout: `embeddings`, `offsets`, string metadata);
-- `layout`: the names of parts, shards, slices, manifests, the index and the errors file, and atomic writes;
+- `atomic`: whole-file writes (a temporary file renamed into place) and the one-line error for a failed write;
+- `layout`: the names of parts, shards, slices, manifests, the index and the errors file;
 - `writer`: `EmbeddingWriter` (parts, resume, the final order, shards);
 - `reader`: `load`, `iter_items`, `read_metadata` over every layout; `output_index` and `iter_row_blocks` for
   readers that scan every row in blocks (search).
 """
 
+from gemma_embed.store.atomic import atomic_path, atomic_write_text, guarded_write
 from gemma_embed.store.layout import (
-    atomic_path,
-    atomic_write_text,
     check_output_path,
     errors_path,
-    guarded_write,
     index_path,
     manifest_path,
     merge_slices,
@@ -38,7 +37,7 @@ from gemma_embed.store.tensors_file import read_header, write_embedding_file
 from gemma_embed.store.writer import FINGERPRINT, EmbeddingWriter
 
 
-def make_header(**fields) -> dict[str, str]:
+def make_header(**fields: object) -> dict[str, str]:
     """The run-level metadata every file of an output carries, as strings (None becomes ""). The FINGERPRINT
     fields among them must match for --resume to reuse earlier work."""
     return {name: "" if value is None else str(value) for name, value in fields.items()}

@@ -6,21 +6,20 @@
   `OUT-rank00001-of-00004.positions.json`, joined by the same kind of index;
 - `OUT.errors.jsonl`: one failure record per line.
 
-Every file appears atomically (a temporary file in the same folder, flushed, fsynced, renamed) and, like any
-other tool's output, with the permissions the umask gives (0644 under umask 022).
+Every file is written whole or not at all (`atomic`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gemma_embed import FORMAT
-from gemma_embed.errors import RunError, UsageError
+from gemma_embed.errors import UsageError
+from gemma_embed.store.atomic import atomic_write_text
+from gemma_embed.store.tensors_file import read_header
 
 PARTS_SUFFIX = ".parts"
 # safetensors refuses headers over 100 MB; shard well before an output's JSON metadata gets there.
@@ -115,63 +114,6 @@ def check_output_path(path: Path, overwrite: bool, resume: bool = False) -> None
         raise UsageError(f"{folder}: cannot write the output here: {exc.strerror or exc}") from exc
 
 
-# ------------------------------------------------------------------------------------------ atomic writes
-
-
-@contextlib.contextmanager
-def atomic_file(path: Path) -> Iterator:
-    """A binary file handle whose content appears at `path` whole when the block ends, or not at all.
-
-    The temporary file is created with mode 0666 less the umask, as `open()` would create `path` itself (a
-    `mkstemp` file is always 0600, and would stay so after the rename).
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-@contextlib.contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary path beside `path` for a writer that wants a file name (numpy's memmap, pyarrow); it becomes
-    `path` when the block ends without error, or is removed."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        yield tmp
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a text file whole or not at all."""
-    with atomic_file(path) as fh:
-        fh.write(text.encode("utf-8"))
-
-
-def guarded_write(action: Callable, where):
-    """Run a write; a full disk or unwritable folder ends the run with one clear line (parts stay intact)."""
-    try:
-        return action()
-    except OSError as exc:
-        raise RunError(
-            f"{where}: cannot write: {exc.strerror or exc}; finished parts are kept, free space "
-            f"and run again with --resume"
-        ) from exc
-
-
 # ---------------------------------------------------------------------------------- index, manifests, errors
 
 
@@ -194,8 +136,6 @@ def write_manifest(slice_output: Path, positions: dict[str, int]) -> None:
 
 def merge_slices(output: Path, count: int) -> Path | None:
     """Write OUT.index.json over every slice's files, keys in input order; None while a slice is unfinished."""
-    from gemma_embed.store.tensors_file import read_header
-
     output = Path(output)
     files: list[Path] = []
     located: list[tuple[int, str, int]] = []  # (input position, key, file number)

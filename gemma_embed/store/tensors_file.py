@@ -17,12 +17,17 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterable
+from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from gemma_embed import FORMAT, __version__
-from gemma_embed.store.layout import atomic_file
+from gemma_embed.store.atomic import atomic_file
+
+if TYPE_CHECKING:
+    from safetensors import safe_open
 
 SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64"}
 HEADER_ALIGNMENT = 8  # the data section starts 8-byte aligned, as safetensors' own writer pads it
@@ -93,10 +98,10 @@ def write_embedding_file(
     return path
 
 
-def _safe_open(file: Path):
+def _safe_open(file: Path) -> safe_open:
     """safetensors' reader, with its own error type (a file that is not safetensors at all) as a ValueError
     naming the file."""
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError, safe_open  # looked up at each call: tests spy on tensor reads
 
     try:
         return safe_open(str(file), framework="pt")
@@ -104,7 +109,7 @@ def _safe_open(file: Path):
         raise ValueError(f"{file}: not a {FORMAT} file ({' '.join(str(exc).split())})") from None
 
 
-def read_header(file: Path) -> dict:
+def read_header(file: Path) -> dict[str, str]:
     """A gemma-embed/1 file's string metadata, without reading any tensor."""
     with _safe_open(file) as fh:
         meta = dict(fh.metadata() or {})
@@ -116,7 +121,7 @@ def read_header(file: Path) -> dict:
 class FileRows:
     """Rows of one item at a time from an open file (memory-mapped slices, nothing else is read)."""
 
-    def __init__(self, file: Path, stack):
+    def __init__(self, file: Path, stack: ExitStack):
         self.file = Path(file)
         self.handle = stack.enter_context(_safe_open(file))
         self.metadata = self.handle.metadata() or {}
