@@ -43,7 +43,7 @@ def _entries(path: Path, stack: ExitStack) -> Iterator[tuple[str, dict, Callable
     positions = [{key: i for i, key in enumerate(file.keys)} for file in opened]
     for key, number in order.items():
         file, i = opened[number], positions[number][key]
-        yield key, file.items[i], (lambda file=file, i=i: file.rows(i)), file.metadata
+        yield key, file.items[i], functools.partial(file.rows, i), file.metadata
 
 
 def read_metadata(path: str | os.PathLike) -> dict:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,7 +238,7 @@ class EmbeddingWriter:
             shutil.rmtree(self.parts)
         return self.path if len(ranges) == 1 else index_path(self.path)
 
-    def _width(self, keys: list[str], rows_of) -> int:
+    def _width(self, keys: list[str], rows_of: Callable[[str], torch.Tensor]) -> int:
         """Row width of the output (0 when it holds no item)."""
         for tensor in (t for _, t in self.pending.values()):
             return int(tensor.shape[1])
