@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import torch
-from helpers import ROOT, run_images, write_image
+from helpers import ROOT, SLOW_EXE, run_images, write_image
 
 import gemma_embed
 from gemma_embed import store
@@ -99,7 +99,7 @@ def test_torchrun_ranks_never_time_out_on_uneven_work(tmp_path):
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     # fmt: off
     command = [
-        torchrun, "--standalone", "--nproc-per-node", "2", str(ROOT / "tests" / "slow_gemma_embed.py"), "--encode", "6",
+        torchrun, "--standalone", "--nproc-per-node", "2", str(SLOW_EXE), "--encode", "6",
         "images", str(folder), "--model", str(MODEL), "-o", str(out), "--max-soft-tokens", "70", "--device", "cpu",
     ]
     # fmt: on

@@ -167,8 +167,8 @@ def test_peak_rss_is_flat_from_1_to_10_row_groups(tmp_path):
     record batch at a time, the peak RSS of the command must not grow with the file (reading it whole adds about
     40 MB, twice that as Python bytes; measured with 8 images a row group: +218 MiB whole, +2 MiB as done)."""
     import numpy as np
+    from helpers import PEAK_RSS_WRAPPER
     from PIL import Image
-    from test_scale import WRAPPER
 
     rng = np.random.default_rng(0)
     blobs = []
@@ -193,7 +193,7 @@ def test_peak_rss_is_flat_from_1_to_10_row_groups(tmp_path):
         listing = tmp_path / "empty.txt"
         listing.write_text("")
         proc = subprocess.run(
-            [sys.executable, "-c", WRAPPER, str(listing), *args], capture_output=True, text=True, timeout=600
+            [sys.executable, "-c", PEAK_RSS_WRAPPER, str(listing), *args], capture_output=True, text=True, timeout=600
         )
         result = __import__("json").loads(proc.stdout)
         assert result["code"] == 0, result["stderr"]

@@ -3,16 +3,24 @@ the rows equal the extracted folder's bit for bit, captions join back, and broke
 
 from __future__ import annotations
 
-import io
 import subprocess
-import tarfile
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 import webdataset
-from collection_helpers import IMAGES, MODEL, OPTIONS, assert_same_rows, caption, image_files, sidecar
+from collection_helpers import (
+    IMAGES,
+    MODEL,
+    OPTIONS,
+    assert_same_rows,
+    caption,
+    image_files,
+    member_offsets,
+    sidecar,
+    write_shard,
+)
 from helpers import run_images
 
 import gemma_embed
@@ -73,27 +81,13 @@ def test_a_folder_of_shards_is_walked_and_keyed_relative_to_it(dataset):
     assert all(bytes(s.data) == dataset["images"][s.meta["member"]] for s in sources)
 
 
-def _shard(path: Path, members: list[tuple[str, bytes]]) -> Path:
-    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as archive:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
-    return path
-
-
-def _offsets(path: Path) -> dict[str, tuple[int, int]]:
-    with tarfile.open(path) as archive:
-        return {m.name: (m.offset, m.offset_data) for m in archive.getmembers()}
-
-
 def test_truncated_shard_names_its_lost_member_and_the_run_goes_on(dataset, tmp_path):
     images = dataset["images"]
-    whole = _shard(tmp_path / "00000.tar", [(n, images[n]) for n in NAMES[:3]])
-    cut = _shard(tmp_path / "00001.tar", [(n, images[n]) for n in NAMES[3:6]])
-    _, data_at = _offsets(cut)[NAMES[4]]
+    whole = write_shard(tmp_path / "00000.tar", [(n, images[n]) for n in NAMES[:3]])
+    cut = write_shard(tmp_path / "00001.tar", [(n, images[n]) for n in NAMES[3:6]])
+    _, data_at = member_offsets(cut)[NAMES[4]]
     cut.write_bytes(cut.read_bytes()[: data_at + 100])  # member 000004.png loses all but 100 bytes of its data
-    after = _shard(tmp_path / "00002.tar", [(n, images[n]) for n in NAMES[6:]])
+    after = write_shard(tmp_path / "00002.tar", [(n, images[n]) for n in NAMES[6:]])
     out = tmp_path / "out.safetensors"
     code, records, err = run_images([whole, cut, after], MODEL, out, **OPTIONS)
     assert code == 1
@@ -114,8 +108,8 @@ def _problems(path: Path) -> list[tuple[str, str | None]]:
 
 
 def test_a_shard_cut_between_members_or_inside_a_header_says_so(tmp_path):
-    shard = _shard(tmp_path / "s.tar", [("a.jpg", b"x" * 700), ("b.jpg", b"y" * 10)])
-    header_b, _ = _offsets(shard)["b.jpg"]
+    shard = write_shard(tmp_path / "s.tar", [("a.jpg", b"x" * 700), ("b.jpg", b"y" * 10)])
+    header_b, _ = member_offsets(shard)["b.jpg"]
     raw = shard.read_bytes()
     shard.write_bytes(raw[:header_b])  # ends where b.jpg's header would start: no end-of-archive marker
     assert _problems(shard) == [
@@ -134,9 +128,9 @@ def test_a_shard_cut_between_members_or_inside_a_header_says_so(tmp_path):
 
 def test_a_corrupt_header_is_named_and_reading_goes_on_at_the_next_one(tmp_path):
     members = [(f"{i}.jpg", bytes([i]) * (600 + i)) for i in range(4)]
-    shard = _shard(tmp_path / "s.tar", members)
-    header, _ = _offsets(shard)["1.jpg"]
-    following, _ = _offsets(shard)["2.jpg"]
+    shard = write_shard(tmp_path / "s.tar", members)
+    header, _ = member_offsets(shard)["1.jpg"]
+    following, _ = member_offsets(shard)["2.jpg"]
     raw = bytearray(shard.read_bytes())
     raw[header + 148 : header + 156] = b"9999999\0"  # a wrong checksum: tarfile would take the shard as ended there
     shard.write_bytes(bytes(raw))
@@ -155,15 +149,15 @@ def test_a_corrupt_header_is_named_and_reading_goes_on_at_the_next_one(tmp_path)
 
 
 def test_archives_appended_to_a_shard_are_read_too(tmp_path):
-    first = _shard(tmp_path / "a.tar", [("a.jpg", b"a" * 10)])
-    second = _shard(tmp_path / "b.tar", [("b.jpg", b"b" * 10)])
+    first = write_shard(tmp_path / "a.tar", [("a.jpg", b"a" * 10)])
+    second = write_shard(tmp_path / "b.tar", [("b.jpg", b"b" * 10)])
     both = tmp_path / "both.tar"
     both.write_bytes(first.read_bytes() + second.read_bytes())  # cat a.tar b.tar
     assert _problems(both) == [(f"{both}:a.jpg", None), (f"{both}:b.jpg", None)]
 
 
 def test_members_the_command_does_not_take_are_counted_and_sidecars_join_their_sample(tmp_path):
-    shard = _shard(
+    shard = write_shard(
         tmp_path / "s.tar",
         [
             ("x/001.jpg", b"1"),
