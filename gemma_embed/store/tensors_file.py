@@ -5,7 +5,7 @@ ranges, plus string `__metadata__`), then the tensors' bytes. `safetensors.torch
 same layout, but it orders the metadata differently on every call (two identical runs gave different bytes)
 and creates 0600 files; it also needs every tensor in memory at once. So the header is written here, in a
 fixed order, and the rows are streamed to the file item by item. Reading stays with `safetensors.safe_open`
-(tests/test_store.py checks the files against `safetensors.torch.load_file`).
+(tests/unit/test_store.py checks the files against `safetensors.torch.load_file`).
 
 Tensors: `embeddings` [total_rows, D] (every item's rows, in order) and `offsets` int64 [N+1] (item i is
 `embeddings[offsets[i]:offsets[i+1]]`). Metadata: the run header, `format`, `created_by`, `dtype`, and `keys`

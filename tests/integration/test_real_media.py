@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import av
-import numpy as np
 import pytest
 import torch
 from helpers import EXE, ROOT, TEST_MEDIA, rel_error, run_images
@@ -102,18 +101,6 @@ def test_mode_matrix_equals_transformers_and_stderr_is_the_tools_own(
     # The foreign message is in the item's record, not on stderr.
     assert any("Tag data larger than file" in w for w in items["tag-overflow.tif"]["warnings"])
     assert "Tag data larger than file" not in stderr and summary["with_warnings"] >= 1
-
-
-def test_alpha_is_composited_onto_white_not_dropped():
-    """What the conversion does, checked on pixels: a fully transparent pixel becomes white."""
-    from gemma_embed.media.image import decode_image
-
-    decoded = decode_image(str(TEST_MEDIA / "images" / "rgba.png"))
-    with Image.open(TEST_MEDIA / "images" / "rgba.png") as img:
-        alpha = np.asarray(img.getchannel("A"))
-    pixels = np.asarray(decoded.image)
-    assert decoded.mode == "RGBA" and decoded.image.mode == "RGB"
-    assert (pixels[alpha == 0] == 255).all() and (alpha == 0).any()
 
 
 def test_non_utf8_metadata_video_and_audio(tmp_path, gemma4_dir, reference_model):

@@ -13,8 +13,6 @@ from helpers import ROOT, SLOW_EXE, run_images, write_image
 
 import gemma_embed
 from gemma_embed import store
-from gemma_embed.distributed import Slice, take
-from gemma_embed.sources import Source
 
 MODEL = ROOT / "samples" / "tiny-gemma4"
 EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
@@ -36,12 +34,6 @@ def _assert_same(merged: Path, single: Path) -> None:
     for key in b:
         assert torch.equal(a[key], b[key]), key
     assert gemma_embed.read_metadata(merged)["items"] == gemma_embed.read_metadata(single)["items"]
-
-
-def test_take_is_a_deterministic_partition():
-    sources = [Source(f"k{i}", f"p{i}", position=i) for i in range(10)]
-    slices = [[s.key for s in take(sources, Slice(r, 3))] for r in range(3)]
-    assert slices == [["k0", "k3", "k6", "k9"], ["k1", "k4", "k7"], ["k2", "k5", "k8"]]
 
 
 def test_torchrun_two_ranks_equals_single_process(tmp_path):

@@ -3,7 +3,6 @@ keys, kept columns, path columns, and rows that cannot be items, each named."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -114,23 +113,6 @@ def test_rows_that_cannot_be_items_are_named(tmp_path):
         f"error: {path}:2: not a recognised image format",
     ]
     assert list(gemma_embed.load(out)) == [f"{path}:0", f"{path}:3"]
-
-
-def test_a_row_group_that_cannot_be_read_fails_its_rows_and_the_next_is_read(tmp_path):
-    path = tmp_path / "t.parquet"
-    blobs = [os.urandom(3000) for _ in range(4)]
-    table = pa.table({"image": pa.array(blobs, pa.binary())})
-    pq.write_table(table, path, row_group_size=2, compression="snappy", use_dictionary=False)
-    first_chunk = pq.ParquetFile(path).metadata.row_group(0).column(0)
-    raw = bytearray(path.read_bytes())
-    middle = first_chunk.data_page_offset + first_chunk.total_compressed_size // 2
-    raw[middle : middle + 64] = b"\xff" * 64  # the first row group's page no longer decompresses
-    path.write_bytes(bytes(raw))
-    found = list(iter_sources([str(path)], "images", collection=Collection("image")))
-    assert [s.key for s in found] == [f"{path}:{row}" for row in range(4)]
-    assert [s.error is not None for s in found] == [True, True, False, False]
-    assert found[0].error.startswith("row group 0 cannot be read (")
-    assert [bytes(s.data) for s in found[2:]] == blobs[2:]
 
 
 def test_wrong_columns_are_usage_errors_before_the_model_loads(dataset, tmp_path):
