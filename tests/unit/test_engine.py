@@ -1,11 +1,12 @@
-"""The engine in plain numbers, on a fake CUDA device: planning from the memory a device can really reuse after an
-out-of-memory error, the cost scale, the run's peak, and which errors end a run."""
+"""The engine in plain numbers, on a weightless tower and a fake CUDA device: planning from the memory a device
+can really reuse after an out-of-memory error, the cost scale, the run's peak, and which errors end a run."""
 
 from __future__ import annotations
 
 import sys
 
 import torch
+
 from gemma_embed import memory
 from gemma_embed.device import DeviceOps
 from gemma_embed.engine import Engine, is_fatal_device_error, is_out_of_memory
@@ -64,32 +65,6 @@ class FakeBlock:
         self.device.allocated_bytes -= self.size
 
 
-class FakeTower:
-    """A tower whose forward really needs `actual` times what its cost model says (1 GiB per unit of length 1):
-    half of it is allocated, then the other half, as activations pile up in a forward."""
-
-    grouping = "exact"
-    device = torch.device("cpu")
-    dtype = torch.float32
-
-    def __init__(self, fake: FakeCuda, actual: float, workspace: int = 0):
-        self.fake, self.actual, self.workspace = fake, actual, workspace
-        self.calls: list[int] = []
-        self.kept: list[FakeBlock] = []  # allocations that outlive a chunk (a first call's workspace)
-
-    def unit_cost(self, length: int) -> int:
-        return length * GIB
-
-    def encode(self, units, space):
-        self.calls.append(len(units))
-        if self.workspace and not self.kept:
-            self.kept.append(self.fake.allocate(self.workspace))
-        need = int(self.actual * sum(self.unit_cost(u.length) for u in units))
-        first_half = self.fake.allocate(need // 2)  # noqa: F841 - alive in this frame, as activations are
-        second_half = self.fake.allocate(need - need // 2)  # noqa: F841
-        return torch.zeros(sum(u.rows for u in units), 4)
-
-
 def fake_units(count: int, length: int = 1) -> list[Unit]:
     return [Unit(inputs={}, length=length, rows=1) for _ in range(count)]
 
@@ -102,15 +77,17 @@ def run_group(engine: Engine, units: list[Unit]) -> dict:
     return results
 
 
-def test_after_an_oom_later_buckets_plan_from_reusable_memory_and_the_cache_is_released_outside_the_handler():
+def test_after_an_oom_later_buckets_plan_from_reusable_memory_and_the_cache_is_released_outside_the_handler(
+    fake_tower,
+):
     fake = FakeCuda(total=80 * GIB, weights=1 * GIB)
-    tower = FakeTower(fake, actual=2.5)
+    tower = fake_tower(device_memory=fake, actual=2.5)
     engine = Engine(tower, "language", BudgetSpec(fraction_of_total=1.0), batch_cap=64, device_ops=fake)
 
     # 40 units planned at the model's 1 GiB each fit 79 GiB, but really need 100 GiB: out of memory once, with
     # 50 GiB of activations alive in the failed forward's frames.
     results = run_group(engine, fake_units(40))
-    assert tower.calls == [40, 20, 20] and engine.backoffs == 1
+    assert [len(c) for c in tower.calls] == [40, 20, 20] and engine.backoffs == 1
     assert all(isinstance(r, torch.Tensor) for r in results.values()) and len(results) == 40
     # The cache was released outside the except block, once the failed chunk's activations were freed.
     assert fake.releases == [(None, 1 * GIB)]
@@ -124,13 +101,13 @@ def test_after_an_oom_later_buckets_plan_from_reusable_memory_and_the_cache_is_r
     assert plan.cost_per_unit == int(2.5 * GIB) and plan.chunk == 31
     tower.calls.clear()
     run_group(engine, fake_units(31))
-    assert tower.calls == [31] and engine.backoffs == 1  # fits at once: no second out-of-memory error
+    assert [len(c) for c in tower.calls] == [31] and engine.backoffs == 1  # fits at once: no second out-of-memory error
 
 
-def test_cost_scale_skips_first_chunk_persistent_memory_and_unmeasurable_chunks():
+def test_cost_scale_skips_first_chunk_persistent_memory_and_unmeasurable_chunks(fake_tower):
     fake = FakeCuda(total=80 * GIB, weights=1 * GIB)
     # Every chunk really needs 1.5x the model, and the first call also leaves a 4 GiB workspace allocated.
-    tower = FakeTower(fake, actual=1.5, workspace=4 * GIB)
+    tower = fake_tower(device_memory=fake, actual=1.5, workspace=4 * GIB)
     engine = Engine(tower, "language", BudgetSpec(fraction_of_total=1.0), batch_cap=4, device_ops=fake)
     run_group(engine, fake_units(4))  # the first chunk: workspace + 6 GiB, never learned from
     assert engine.cost_scale == 1.0
@@ -141,15 +118,16 @@ def test_cost_scale_skips_first_chunk_persistent_memory_and_unmeasurable_chunks(
     assert engine.cost_scale == 1.5  # 6 GiB transient over 4 GiB modelled; the 4 GiB workspace is not counted
 
 
-def test_peak_device_memory_is_the_runs_peak_not_the_last_chunks():
+def test_peak_device_memory_is_the_runs_peak_not_the_last_chunks(fake_tower):
     fake = FakeCuda(total=80 * GIB, weights=1 * GIB)
-    engine = Engine(FakeTower(fake, 1.0), "language", BudgetSpec(fraction_of_total=1.0), batch_cap=64, device_ops=fake)
+    tower = fake_tower(device_memory=fake)
+    engine = Engine(tower, "language", BudgetSpec(fraction_of_total=1.0), batch_cap=64, device_ops=fake)
     run_group(engine, fake_units(2))
     run_group(engine, fake_units(30))  # the big one: 1 + 30 GiB
     run_group(engine, fake_units(3))
     assert fake.peak() == 4 * GIB  # what the device's own counter says after the last chunk
     assert engine.peak_device_memory() == 31 * GIB
-    assert Engine(FakeTower(fake, 1.0), "language").peak_device_memory() is None  # the CPU keeps no statistics
+    assert Engine(fake_tower(), "language").peak_device_memory() is None  # the CPU keeps no statistics
 
 
 def test_error_classification():
