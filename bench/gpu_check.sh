@@ -38,7 +38,7 @@ PY
 }
 
 describe_equivalence() {
-    echo "bf16 equality against transformers on the GPU: the equivalence tests marked gpu (tests/test_bf16.py with"
+    echo "bf16 equality against transformers on the GPU: the equivalence tests marked gpu (tests/integration/test_bf16.py with"
     echo "device=cuda; pytest -m gpu -s). Gemma 4 images at 1120 tokens (wide, tall), video frames, Gemma 4 and"
     echo "Gemma 3n audio: every device batch bit-identical to transformers' bf16 model on the same inputs, every"
     echo "item within transformers' own batch-size difference (printed per item)."

@@ -11,6 +11,10 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_FREE_FRACTION = 0.5
 DEFAULT_TOTAL_FRACTION = 0.1
@@ -243,7 +247,7 @@ def cuda_free(driver_free: int, reserved: int, allocated: int) -> int:
     return max(0, int(driver_free)) + max(0, int(reserved) - int(allocated))
 
 
-def device_memory(device) -> tuple[int, int]:
+def device_memory(device: str | torch.device) -> tuple[int, int]:
     """(free, total) bytes of the device a chunk will run on, read now."""
     import torch
 

@@ -49,3 +49,73 @@ def reference_audio_rows(model, extractor, samples: np.ndarray, family: str, spa
             valid = out.attention_mask[0].bool()
     rows = out.pooler_output[0] if space == "language" else out.last_hidden_state[0]
     return rows[valid]
+
+
+# ------------------------------------------------------------------- files in every format, and broken ones
+
+FREQ = 1_000.0
+AMPLITUDE = 0.5
+
+
+def sine(seconds: float, rate: int, channels: int = 1) -> np.ndarray:
+    """(frames, channels): a 1 kHz sine on the first channel, silence on the others (the downmix halves it)."""
+    t = np.arange(int(round(seconds * rate))) / rate
+    out = np.zeros((t.size, channels), dtype=np.float32)
+    out[:, 0] = AMPLITUDE * np.sin(2 * np.pi * FREQ * t)
+    return out
+
+
+def write_soundfile(path: Path, rate: int, subtype: str, channels: int = 1, seconds: float = 1.0, **kw) -> Path:
+    import soundfile as sf
+
+    sf.write(path, sine(seconds, rate, channels), rate, subtype=subtype, **kw)
+    return path
+
+
+def write_pyav(
+    path: Path, rate: int, codec: str, channels: int = 1, seconds: float = 1.0, video: bool = False, audio: bool = True
+) -> Path:
+    """Encode with FFmpeg through PyAV; `video` adds a small video stream, as a phone recording has."""
+    import av
+
+    layout = "mono" if channels == 1 else "stereo"
+    with av.open(str(path), "w") as container:
+        vstream = None
+        if video:
+            vstream = container.add_stream("mpeg4", rate=10)
+            vstream.width, vstream.height, vstream.pix_fmt = 64, 48, "yuv420p"
+        if audio:
+            astream = container.add_stream(codec, rate=rate, layout=layout)
+            resampler = av.AudioResampler(format=astream.codec_context.format.name, layout=layout, rate=rate)
+            samples = np.ascontiguousarray(sine(seconds, rate, channels).reshape(1, -1))
+            frame = av.AudioFrame.from_ndarray(samples, format="flt", layout=layout)
+            frame.sample_rate = rate
+            for converted in resampler.resample(frame):
+                container.mux(astream.encode(converted))
+            container.mux(astream.encode(None))
+        if vstream is not None:
+            for i in range(int(seconds * 10)):
+                picture = np.full((48, 64, 3), (i * 20) % 255, dtype=np.uint8)
+                container.mux(vstream.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")))
+            container.mux(vstream.encode(None))
+    return path
+
+
+def broken_files(folder: Path) -> dict[str, str]:
+    """name -> the words its error must contain."""
+    import soundfile as sf
+
+    (folder / "empty.wav").write_bytes(b"")
+    sf.write(folder / "zero-samples.wav", np.zeros((0, 1), np.float32), RATE, subtype="PCM_16")
+    data = write_soundfile(folder / "whole.flac", RATE, "PCM_16", seconds=2.0).read_bytes()
+    (folder / "truncated.flac").write_bytes(data[: len(data) // 2])
+    (folder / "whole.flac").unlink()
+    (folder / "not-audio.mp3").write_text("this is a text file, not an mp3\n" * 20)
+    write_pyav(folder / "silent-film.mp4", RATE, "aac", video=True, audio=False)
+    return {
+        "empty.wav": "empty file",
+        "zero-samples.wav": "no audio samples",
+        "truncated.flac": "truncated or corrupt",
+        "not-audio.mp3": "not a recognised audio format",
+        "silent-film.mp4": "no audio stream",
+    }

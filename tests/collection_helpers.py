@@ -3,7 +3,9 @@ extracted to a folder as a user would have them, and the comparison of an output
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 from pathlib import Path
 
 import torch
@@ -60,3 +62,19 @@ def assert_same_rows(output: Path, reference: Path, key_of: dict[str, str]) -> d
         assert torch.equal(ours[key_of[name]], rows), name
         assert items[key_of[name]]["sha256"] == reference_items[name]["sha256"]
     return items
+
+
+def write_shard(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    """A GNU tar file of (name, data) members, in order."""
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as archive:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return path
+
+
+def member_offsets(path: Path) -> dict[str, tuple[int, int]]:
+    """name -> (offset of its header, offset of its data) in a tar file."""
+    with tarfile.open(path) as archive:
+        return {m.name: (m.offset, m.offset_data) for m in archive.getmembers()}

@@ -32,6 +32,15 @@ def device(request) -> str:
     return request.param
 
 
+@pytest.fixture
+def fake_tower():
+    """Makes towers with no weights (helpers.FakeTower), for engine and batching tests:
+    `fake_tower()`, `fake_tower(grouping="ragged")`, `fake_tower(device_memory=fake_cuda, actual=2.5)`."""
+    from helpers import FakeTower
+
+    return FakeTower
+
+
 @pytest.fixture(scope="session")
 def gemma4_dir(tmp_path_factory) -> Path:
     """A single-file Gemma 4 checkpoint (vision + audio) with processor_config.json, seed 1."""

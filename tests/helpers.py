@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,7 +18,19 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 SAMPLE_MODEL = ROOT / "samples" / "tiny-gemma4"
+TEST_MEDIA = ROOT / "tests" / "media"  # real media other projects made (tests/media/SOURCES.md)
 EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
+SLOW_EXE = ROOT / "tests" / "slow_gemma_embed.py"  # the real CLI with a delay before each encode (its docstring)
+
+# A wrapper whose only child is the gemma-embed command: RUSAGE_CHILDREN's ru_maxrss is then that command's peak.
+PEAK_RSS_WRAPPER = textwrap.dedent("""
+    import json, resource, subprocess, sys
+    listing, args = sys.argv[1], sys.argv[2:]
+    with open(listing, "rb") as stdin:
+        proc = subprocess.run(args, stdin=stdin, capture_output=True, text=True)
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    print(json.dumps({"code": proc.returncode, "peak": peak, "stdout": proc.stdout, "stderr": proc.stderr[-2000:]}))
+""")
 
 # Six aspect ratios, including the two extremes the issue names (1x1 and 4000x300).
 IMAGE_SIZES = {
@@ -60,6 +73,42 @@ def reference_image_rows(model, processor, path: Path, max_soft_tokens: int, spa
         return out.last_hidden_state
     (rows,) = out.pooler_output
     return rows
+
+
+_reference_cache: dict = {}
+
+
+def reference_video_rows(model, processor, path, item_meta: dict, space: str = "language"):
+    """transformers' own per-video path on the frames the tool reports: its PyAV reader at those indices, the
+    rotation the tool reports (transformers' reader ignores it), the video processor, get_video_features."""
+    import numpy as np
+    import torch
+    from transformers.video_utils import read_video_pyav
+
+    key = (str(path), tuple(item_meta["frame_indices"]), item_meta["rotation"], space)
+    if key not in _reference_cache:
+        indices = np.array(item_meta["frame_indices"])
+        frames, _ = read_video_pyav(str(path), sample_indices_fn=lambda **_: indices)
+        frames = np.ascontiguousarray(np.rot90(frames, k=item_meta["rotation"] // 90, axes=(1, 2)))
+        inputs = processor(videos=[frames], do_sample_frames=False, return_tensors="pt")
+        with torch.no_grad():
+            out = model.model.get_video_features(
+                pixel_values_videos=inputs["pixel_values_videos"],
+                video_position_ids=inputs["video_position_ids"],
+                num_frames_per_video=inputs["num_frames_per_video"],
+            )
+        _reference_cache[key] = out.last_hidden_state if space == "tower" else out.pooler_output[0]
+    return _reference_cache[key]
+
+
+def items_by_key(path) -> dict[str, dict]:
+    """An output's item metadata by key."""
+    import gemma_embed
+
+    meta = gemma_embed.read_metadata(path)
+    return dict(
+        zip(json.loads(meta["keys"]) if isinstance(meta["keys"], str) else meta["keys"], meta["items"], strict=True)
+    )
 
 
 def rel_error(ours, ref) -> float:
@@ -156,3 +205,64 @@ def spy_tensor_reads(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(safetensors, "safe_open", lambda *a, **k: Spy(real_open(*a, **k)))
     return keys
+
+
+def summary(stdout: str) -> dict:
+    records = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    assert records and records[-1]["type"] == "summary"
+    return records[-1]
+
+
+def invoke(*args):
+    """The command in-process (typer's CliRunner), arguments as strings, exceptions raised."""
+    from typer.testing import CliRunner
+
+    from gemma_embed.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+GIB = 2**30
+
+
+class FakeTower:
+    """A tower with no weights (the `models.base.Tower` interface) for engine and batching tests.
+
+    Each unit's rows are `width` copies of its length, so a test can tell whose rows it got; a unit costs
+    `cost_per_length` bytes per unit of length; `calls` keeps the units of every `encode`. Given `device_memory` (an
+    object whose `allocate(bytes)` returns a block that lives as long as it is referenced, like a fake CUDA
+    device's), a forward really needs `actual` times its modelled cost, allocated in two halves as activations pile
+    up, and the first call also keeps a `workspace` allocated for good.
+    """
+
+    def __init__(
+        self,
+        grouping: str = "exact",
+        width: int = 4,
+        cost_per_length: int = GIB,
+        device_memory=None,
+        actual: float = 1.0,
+        workspace: int = 0,
+    ):
+        import torch
+
+        self.grouping, self.width, self.cost_per_length = grouping, width, cost_per_length
+        self.device, self.dtype = torch.device("cpu"), torch.float32
+        self.device_memory, self.actual, self.workspace = device_memory, actual, workspace
+        self.calls: list[list] = []
+        self.kept: list = []  # allocations that outlive a chunk (a first call's workspace)
+
+    def unit_cost(self, length: int) -> int:
+        return length * self.cost_per_length
+
+    def encode(self, units, space):
+        import torch
+
+        self.calls.append(list(units))
+        if self.device_memory is not None:
+            if self.workspace and not self.kept:
+                self.kept.append(self.device_memory.allocate(self.workspace))
+            need = int(self.actual * sum(self.unit_cost(u.length) for u in units))
+            first_half = self.device_memory.allocate(need // 2)  # noqa: F841 - alive in this frame, as activations are
+            second_half = self.device_memory.allocate(need - need // 2)  # noqa: F841
+        return torch.cat([torch.full((u.rows, self.width), float(u.length)) for u in units])

@@ -220,7 +220,7 @@ class EmbeddingGemma2TextTower:
     padding is exact here because attention masks padded keys, positions are right-padded (a real token keeps
     its position), and pooling counts real tokens only. Measured against each sequence alone: 1e-7 to 2e-6
     relative error in float32 (SDPA's masked kernel rounds differently), under the 1e-5 the tool promises
-    (tests/test_embeddinggemma2.py::test_padded_ragged_stage2_batches_equal_each_sequence_alone).
+    (tests/integration/test_embeddinggemma2.py::test_padded_ragged_stage2_batches_equal_each_sequence_alone).
     """
 
     grouping = "ragged"

@@ -13,7 +13,7 @@ Two things differ from Gemma 4 and both matter for exactness:
 
 So the batch is padded with zeros *and* the first convolution's output is zeroed past each unit's own length
 before the second convolution reads it: every valid row then sees exactly the numbers the per-clip reference
-saw (tests/test_gemma3n.py proves both the leak and the fix). Everything after the subsampling is masked
+saw (tests/integration/test_gemma3n.py proves both the leak and the fix). Everything after the subsampling is masked
 (attention), causal and masked (light convolution) or per frame, and the group norms are cumulative over time,
 so later frames never reach earlier ones.
 """

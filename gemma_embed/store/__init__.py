@@ -1,8 +1,10 @@
 """Every file layout of an output, written and read here and nowhere else (the `gemma-embed/1` format).
 
 - `tensors_file`: one embedding file (safetensors layout: `embeddings`, `offsets`, string metadata);
-- `layout`: the names of parts, shards, slices, manifests, the index, the errors file and the lock; atomic
-  writes; `DamagedFile`, the one-line error for a file that is not what it should be;
+- `atomic`: whole-file writes (a temporary file renamed into place) and the one-line error for a failed write;
+- `damage`: `DamagedFile`, the one-line error for a file that is not what it should be, and the checks before a
+  file of an output is opened;
+- `layout`: the names of parts, shards, slices, manifests, the index, the errors file and the lock;
 - `lock`: `output_lock`, one writer per output;
 - `writer`: `EmbeddingWriter` (parts, resume, the final order, shards);
 - `reader`: `load`, `iter_items`, `read_metadata` over every layout; `output_index` and `iter_row_blocks` for
@@ -30,15 +32,16 @@ _LAZY = {
     "read_header": "tensors_file",
     "write_embedding_file": "tensors_file",
     "output_lock": "lock",
+    "DamagedFile": "damage",
+    "guarded_write": "atomic",
+    "atomic_write_text": "atomic",
+    "atomic_path": "atomic",
+    "check_output_path": "writer",
+    "check_resumable": "writer",
     **{
         name: "layout"
         for name in (
-            "DamagedFile",
-            "atomic_path",
-            "atomic_write_text",
-            "check_output_path",
             "errors_path",
-            "guarded_write",
             "index_path",
             "lock_path",
             "manifest_path",
@@ -58,13 +61,13 @@ _LAZY = {
 __all__ = ["make_header", *_LAZY]
 
 
-def make_header(**fields) -> dict[str, str]:
+def make_header(**fields: object) -> dict[str, str]:
     """The run-level metadata every file of an output carries, as strings (None becomes ""). The FINGERPRINT
     fields among them must match for --resume to reuse earlier work."""
     return {name: "" if value is None else str(value) for name, value in fields.items()}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         return getattr(importlib.import_module(f"gemma_embed.store.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'gemma_embed.store' has no attribute {name!r}")

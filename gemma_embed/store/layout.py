@@ -13,57 +13,14 @@ other tool's output, with the permissions the umask gives (0644 under umask 022)
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import secrets
-import stat
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gemma_embed import FORMAT
-from gemma_embed.errors import RunError, UsageError
-
-
-class DamagedFile(UsageError, ValueError):
-    """A file that should be one of an output's (or a part) and is not: `FILE: not a KIND (REASON); FIX`.
-
-    A usage error (exit 2: the run cannot start on it) and a ValueError (what readers raised before)."""
-
-    def __init__(self, file: Path, reason: str, kind: str = f"{FORMAT} file", fix: str = ""):
-        self.file, self.reason, self.kind, self.fix = Path(file), " ".join(str(reason).split()), kind, fix
-        super().__init__(f"{file}: not a {kind} ({self.reason})" + (f"; {fix}" if fix else ""))
-
-    def told(self, kind: str | None = None, fix: str = "") -> DamagedFile:
-        """The same finding, for a caller that knows what the file was meant to be and how to get past it."""
-        return DamagedFile(self.file, self.reason, kind or self.kind, fix)
-
-
-_NOT_REGULAR = {
-    stat.S_IFDIR: "a directory",
-    stat.S_IFIFO: "a FIFO",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-}
-
-
-def require_regular_file(file: Path, kind: str = f"{FORMAT} file", fix: str = "") -> None:
-    """Before opening a file of an output: a folder would fail oddly ("No such device") and a FIFO would block
-    the open. A missing file is a FileNotFoundError naming it."""
-    mode = os.stat(file).st_mode
-    if not stat.S_ISREG(mode):
-        raise DamagedFile(file, f"is {_NOT_REGULAR.get(stat.S_IFMT(mode), 'not a regular file')}", kind, fix)
-
-
-def read_json(file: Path, kind: str, fix: str = ""):
-    """A small JSON file of an output (index, manifest), or a `DamagedFile` naming it."""
-    require_regular_file(file, kind, fix)
-    try:
-        return json.loads(Path(file).read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DamagedFile(file, f"not valid JSON: {exc}", kind, fix) from None
-
+from gemma_embed.errors import UsageError
+from gemma_embed.store.atomic import atomic_file, atomic_path, atomic_write_text, guarded_write  # noqa: F401
+from gemma_embed.store.damage import DamagedFile, read_json, require_regular_file  # noqa: F401
 
 PARTS_SUFFIX = ".parts"
 # safetensors refuses headers over 100 MB; shard well before an output's JSON metadata gets there.
@@ -153,32 +110,6 @@ def plan_shards(header_sizes: list[int], shard_size: int | None, header_cap: int
     return ranges
 
 
-def check_output_path(path: Path, overwrite: bool, resume: bool = False) -> None:
-    """Fail before any work if the run would clobber something, or the output folder is not writable."""
-    path = Path(path)
-    if path.is_dir():
-        raise UsageError(f"{path}: output path is a folder")
-    parts = parts_folder(path)
-    if resume:  # before a model loads: a damaged part or output is one line now, not minutes later
-        from gemma_embed.store.writer import check_resumable
-
-        check_resumable(path)
-    if not resume and not overwrite:
-        if parts.exists():
-            raise UsageError(
-                f"{parts}: an unfinished run left parts here; pass --resume to finish it or --overwrite to start over"
-            )
-        if output_files(path):
-            raise UsageError(f"{path}: output exists; pass --overwrite to replace it or --resume to add to it")
-    folder = output_folder(path)
-    probe = folder / f".{path.name}.{secrets.token_hex(4)}.probe"
-    try:
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        probe.unlink()
-    except OSError as exc:
-        raise cannot_write_here(folder, exc) from exc
-
-
 def output_folder(path: Path) -> Path:
     """The folder an output goes in; a usage error when it does not exist."""
     folder = Path(path).parent if str(Path(path).parent) else Path(".")
@@ -189,66 +120,6 @@ def output_folder(path: Path) -> Path:
 
 def cannot_write_here(folder: Path, exc: OSError) -> UsageError:
     return UsageError(f"{folder}: cannot write the output here: {exc.strerror or exc}")
-
-
-# ------------------------------------------------------------------------------------------ atomic writes
-
-
-@contextlib.contextmanager
-def atomic_file(path: Path) -> Iterator:
-    """A binary file handle whose content appears at `path` whole when the block ends, or not at all.
-
-    The temporary file is created with mode 0666 less the umask, as `open()` would create `path` itself (a
-    `mkstemp` file is always 0600, and would stay so after the rename).
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-@contextlib.contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary path beside `path` for a writer that wants a file name (numpy's memmap, pyarrow); it becomes
-    `path` when the block ends without error, or is removed."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        yield tmp
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a text file whole or not at all."""
-    with atomic_file(path) as fh:
-        fh.write(text.encode("utf-8"))
-
-
-def guarded_write(action: Callable, where):
-    """Run a write; a full disk or unwritable folder ends the run with one clear line (parts stay intact)."""
-    try:
-        return action()
-    except OSError as exc:
-        raise RunError(
-            f"{where}: cannot write: {exc.strerror or exc}; finished parts are kept, free space "
-            f"and run again with --resume"
-        ) from exc
-
-
-# ---------------------------------------------------------------------------------- index, manifests, errors
 
 
 def write_index(output: Path, files: list[Path], located: list[tuple[str, int]]) -> Path:

@@ -30,6 +30,7 @@ import fcntl
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from gemma_embed.errors import UsageError
@@ -44,7 +45,9 @@ _holders_guard = threading.Lock()
 
 
 @contextlib.contextmanager
-def output_lock(output: Path, role: str = RUN, busy_hint: str = "wait for it to finish or choose another --output"):
+def output_lock(
+    output: Path, role: str = RUN, busy_hint: str = "wait for it to finish or choose another --output"
+) -> Iterator[None]:
     """Hold `output`'s lock for the block; a `UsageError` at once, naming the holder's PID, when another run
     (or thread) holds it. `role` MERGE waits for another merge instead of failing."""
     output = Path(output)

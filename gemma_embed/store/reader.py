@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from gemma_embed import FORMAT
-from gemma_embed.store.layout import DamagedFile, index_path, output_files, read_index
+from gemma_embed.store.damage import DamagedFile
+from gemma_embed.store.layout import index_path, output_files, read_index
 from gemma_embed.store.tensors_file import (
     FileRows,
     _metadata,
@@ -70,7 +71,7 @@ def _entries(path: Path, stack: ExitStack) -> Iterator[tuple[str, dict, Callable
         file, i = opened[number], positions[number].get(key)
         if i is None:
             raise DamagedFile(index, f"names {key!r} in {file.file}, which does not hold it", f"{FORMAT} index")
-        yield key, file.items[i], (lambda file=file, i=i: file.rows(i)), file.metadata
+        yield key, file.items[i], functools.partial(file.rows, i), file.metadata
 
 
 def read_metadata(path: str | os.PathLike) -> dict:

@@ -18,18 +18,21 @@ line naming the file, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from gemma_embed import FORMAT, __version__
 from gemma_embed.config import DTYPE_CODES
 from gemma_embed.device import dtype_name
-from gemma_embed.store.layout import DamagedFile, atomic_file, require_regular_file
+from gemma_embed.store.atomic import atomic_file
+from gemma_embed.store.damage import DamagedFile, require_regular_file
 
 SAFETENSORS_DTYPES = {getattr(torch, name): code for name, code in DTYPE_CODES.items() if name != "float64"}
 HEADER_ALIGNMENT = 8  # the data section starts 8-byte aligned, as safetensors' own writer pads it
@@ -65,7 +68,8 @@ def row_checksum(rows: torch.Tensor) -> str:
     2-core AMD EPYC): 0.56 ms for the 1.7 MB rows of a 280-token image at hidden 1536 (3.1 GB/s), a quarter more
     on the part's own write (1.7 ms per item), where sha256 took 1.9 ms."""
     flat = rows.detach().to("cpu").contiguous().reshape(-1)
-    return f"{zlib.crc32(flat.view(torch.uint8).numpy()):08x}"
+    data: Any = flat.view(torch.uint8).numpy()  # a buffer: no copy
+    return f"{zlib.crc32(data):08x}"
 
 
 def _raw_bytes(tensor: torch.Tensor) -> bytes:
@@ -120,7 +124,7 @@ def write_embedding_file(
     return path
 
 
-def _safe_open(file: Path):
+def _safe_open(file: Path) -> Any:
     """safetensors' reader on a regular file (a FIFO would block the open; a folder gives "No such device"),
     with its own error type (a file that is not safetensors at all, such as a pickle) as a `DamagedFile`."""
     from safetensors import SafetensorError, safe_open
@@ -132,7 +136,7 @@ def _safe_open(file: Path):
         raise DamagedFile(file, str(exc)) from None
 
 
-def _metadata(file: Path, handle) -> dict[str, str]:
+def _metadata(file: Path, handle: Any) -> dict[str, str]:
     meta = dict(handle.metadata() or {})
     if meta.get("format") != FORMAT:
         raise DamagedFile(file, f"format={meta.get('format')!r}")
@@ -170,7 +174,7 @@ def listing(file: Path, meta: dict) -> tuple[list[str], list[dict]]:
     return keys, items
 
 
-def checked_offsets(file: Path, handle, count: int | None = None, rows: list[int] | None = None) -> torch.Tensor:
+def checked_offsets(file: Path, handle: Any, count: int | None = None, rows: list[int] | None = None) -> torch.Tensor:
     """The `offsets` tensor, checked against the embeddings' rows and, when given, the item count and rows."""
     from safetensors import SafetensorError
 
@@ -194,7 +198,7 @@ class FileRows:
     """Rows of one item at a time from an open file (memory-mapped slices, nothing else is read); its keys,
     items and offsets are checked on opening."""
 
-    def __init__(self, file: Path, stack):
+    def __init__(self, file: Path, stack: contextlib.ExitStack) -> None:
         self.file = Path(file)
         self.handle = stack.enter_context(_safe_open(file))
         self.metadata = _metadata(self.file, self.handle)

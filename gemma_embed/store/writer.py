@@ -21,7 +21,9 @@ One writer per output: the caller holds the output's lock (`lock.py`) for the wr
 from __future__ import annotations
 
 import json
+import os
 import re
+import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -37,8 +39,10 @@ from gemma_embed.store import tensors_file
 from gemma_embed.store.layout import (
     HEADER_CAP,
     DamagedFile,
+    cannot_write_here,
     index_path,
     output_files,
+    output_folder,
     parts_folder,
     plan_shards,
     shard_path,
@@ -259,7 +263,7 @@ class EmbeddingWriter:
             shutil.rmtree(self.parts)
         return self.path if len(ranges) == 1 else index_path(self.path)
 
-    def _width(self, keys: list[str], rows_of) -> int:
+    def _width(self, keys: list[str], rows_of: Callable[[str], torch.Tensor]) -> int:
         """Row width of the output (0 when it holds no item)."""
         for tensor in (t for _, t in self.pending.values()):
             return int(tensor.shape[1])
@@ -288,6 +292,30 @@ def previous_work(output: Path) -> tuple[list[Path], list[Path]]:
     return previous, sorted(files, key=_part_number)
 
 
+def check_output_path(path: Path, overwrite: bool, resume: bool = False) -> None:
+    """Fail before any work if the run would clobber something, or the output folder is not writable."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{path}: output path is a folder")
+    parts = parts_folder(path)
+    if resume:  # before a model loads: a damaged part or output is one line now, not minutes later
+        check_resumable(path)
+    if not resume and not overwrite:
+        if parts.exists():
+            raise UsageError(
+                f"{parts}: an unfinished run left parts here; pass --resume to finish it or --overwrite to start over"
+            )
+        if output_files(path):
+            raise UsageError(f"{path}: output exists; pass --overwrite to replace it or --resume to add to it")
+    folder = output_folder(path)
+    probe = folder / f".{path.name}.{secrets.token_hex(4)}.probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        probe.unlink()
+    except OSError as exc:
+        raise cannot_write_here(folder, exc) from exc
+
+
 def check_resumable(output: Path) -> None:
     """Before a model is loaded: every file --resume will read opens as what it should be (rows are checked
     against their checksums later, by the writer)."""
@@ -301,7 +329,10 @@ def check_resumable(output: Path) -> None:
 
 
 def _part_number(part: Path) -> int:
-    return int(PART_NAME.fullmatch(part.name)[1])
+    match = PART_NAME.fullmatch(part.name)
+    if match is None:
+        raise ValueError(f"{part}: not a part name")
+    return int(match[1])
 
 
 def _open_saved(file: Path, is_part: bool, stack: ExitStack) -> tuple[FileRows, list[str] | None]:

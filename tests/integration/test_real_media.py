@@ -10,16 +10,14 @@ import subprocess
 from pathlib import Path
 
 import av
-import numpy as np
 import pytest
 import torch
-from helpers import EXE, rel_error, run_images
+from helpers import EXE, ROOT, TEST_MEDIA, rel_error, run_images
 from PIL import Image, ImageOps
 from transformers.image_utils import load_image
 
 import gemma_embed
 
-MEDIA = Path(__file__).resolve().parent / "media"
 BUDGET = 70
 # The tool's own stderr lines: error:/warning:/note: lines and the closing summary line.
 OWN_LINE = re.compile(r"^(error|warning|note): |^\d+ ok, \d+ failed")
@@ -66,7 +64,7 @@ def reference_rows(model, processor, path: Path) -> torch.Tensor:
 def test_mode_matrix_equals_transformers_and_stderr_is_the_tools_own(
     tmp_path, gemma4_dir, reference_model, reference_processor
 ):
-    folder = MEDIA / "images"
+    folder = TEST_MEDIA / "images"
     out = tmp_path / "modes.safetensors"
     proc = gemma_embed_cmd("images", folder, "--model", gemma4_dir, "-o", out, "--jsonl", "--max-soft-tokens", BUDGET)
     stderr = proc.stderr.decode()
@@ -105,26 +103,14 @@ def test_mode_matrix_equals_transformers_and_stderr_is_the_tools_own(
     assert "Tag data larger than file" not in stderr and summary["with_warnings"] >= 1
 
 
-def test_alpha_is_composited_onto_white_not_dropped():
-    """What the conversion does, checked on pixels: a fully transparent pixel becomes white."""
-    from gemma_embed.media.image import decode_image
-
-    decoded = decode_image(str(MEDIA / "images" / "rgba.png"))
-    with Image.open(MEDIA / "images" / "rgba.png") as img:
-        alpha = np.asarray(img.getchannel("A"))
-    pixels = np.asarray(decoded.image)
-    assert decoded.mode == "RGBA" and decoded.image.mode == "RGB"
-    assert (pixels[alpha == 0] == 255).all() and (alpha == 0).any()
-
-
 def test_non_utf8_metadata_video_and_audio(tmp_path, gemma4_dir, reference_model):
     from audio_helpers import reference_audio_rows
-    from test_video import items_by_key, reference_video_rows
+    from helpers import items_by_key, reference_video_rows
     from transformers import AutoFeatureExtractor, AutoVideoProcessor
 
     from gemma_embed.media.audio import decode_audio
 
-    video, sound = MEDIA / "video" / "latin1-title.mp4", MEDIA / "audio" / "latin1-title.m4a"
+    video, sound = TEST_MEDIA / "video" / "latin1-title.mp4", TEST_MEDIA / "audio" / "latin1-title.m4a"
     for path in (video, sound):  # the defect is real: PyAV's default strict decoding refuses the file
         with pytest.raises(UnicodeDecodeError):
             av.open(str(path)).close()
@@ -155,12 +141,12 @@ def test_non_utf8_metadata_video_and_audio(tmp_path, gemma4_dir, reference_model
 
 
 def test_one_pixel_video_frames_give_a_square_patch_grid(tmp_path, gemma4_dir, reference_model):
-    from test_video import reference_video_rows
+    from helpers import reference_video_rows
     from transformers import AutoVideoProcessor
 
     from gemma_embed.media.video import decode_video
 
-    path = MEDIA / "video" / "one-pixel.mp4"
+    path = TEST_MEDIA / "video" / "one-pixel.mp4"
     processor = AutoVideoProcessor.from_pretrained(gemma4_dir)
     frames = decode_video(str(path)).frames
     assert frames.shape[1:] == (1, 1, 3)
@@ -193,7 +179,7 @@ def test_a_run_that_finds_no_input_is_a_usage_error(tmp_path):
 
     from gemma_embed.cli import app
 
-    videos = Path(__file__).resolve().parents[1] / "samples" / "media" / "video"
+    videos = ROOT / "samples" / "media" / "video"
     # The model does not exist: the input is checked first, before any model is loaded.
     (tmp_path / "no-model").mkdir()  # a folder, but no checkpoint: loading it would fail, so it must not happen
     proc = gemma_embed_cmd("images", videos, "--model", tmp_path / "no-model", "-o", tmp_path / "o.safetensors")

@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT
+from helpers import EXE, PEAK_RSS_WRAPPER, ROOT
 from PIL import Image
 
 MODEL = ROOT / "samples" / "tiny-gemma4"
-EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
-
-# A wrapper whose only child is the gemma-embed command: RUSAGE_CHILDREN's ru_maxrss is then that command's peak.
-WRAPPER = textwrap.dedent("""
-    import json, resource, subprocess, sys
-    listing, args = sys.argv[1], sys.argv[2:]
-    with open(listing, "rb") as stdin:
-        proc = subprocess.run(args, stdin=stdin, capture_output=True, text=True)
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    print(json.dumps({"code": proc.returncode, "peak": peak, "stdout": proc.stdout, "stderr": proc.stderr[-2000:]}))
-""")
 
 
 @pytest.mark.slow
@@ -61,7 +47,7 @@ def test_peak_rss_flat_from_200_to_2000_images(tmp_path):
             "-q",
         ]
         proc = subprocess.run(
-            [sys.executable, "-c", WRAPPER, str(listing), *args], capture_output=True, text=True, timeout=600
+            [sys.executable, "-c", PEAK_RSS_WRAPPER, str(listing), *args], capture_output=True, text=True, timeout=600
         )
         result = json.loads(proc.stdout)
         assert result["code"] == 0, result["stderr"]

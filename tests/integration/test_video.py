@@ -6,13 +6,19 @@ from __future__ import annotations
 import json
 import subprocess
 
-import numpy as np
 import pytest
-import torch
-from helpers import record_batches, rel_error, run_images
+from helpers import (
+    EXE,
+    SAMPLE_MODEL,
+    invoke,
+    items_by_key,
+    record_batches,
+    reference_video_rows,
+    rel_error,
+    run_images,
+    summary,
+)
 from make_video_samples import SAMPLES, make_samples, write_audio_only
-from test_cli import EXE, SAMPLE_MODEL, invoke, summary
-from transformers.video_utils import read_video_pyav
 
 import gemma_embed
 from gemma_embed.errors import UsageError
@@ -38,35 +44,6 @@ def video_processor(gemma4_dir):
 def batch_log(monkeypatch):
     """The units of every device batch the vision tower runs (`unit.item` is the video's index)."""
     return record_batches(monkeypatch, Gemma4VisionTower)
-
-
-_reference_cache: dict = {}
-
-
-def reference_video_rows(model, processor, path, item_meta: dict, space: str = "language") -> torch.Tensor:
-    """transformers' own per-video path on the frames the tool reports: its PyAV reader at those indices, the
-    rotation the tool reports (transformers' reader ignores it), the video processor, get_video_features."""
-    key = (str(path), tuple(item_meta["frame_indices"]), item_meta["rotation"], space)
-    if key not in _reference_cache:
-        indices = np.array(item_meta["frame_indices"])
-        frames, _ = read_video_pyav(str(path), sample_indices_fn=lambda **_: indices)
-        frames = np.ascontiguousarray(np.rot90(frames, k=item_meta["rotation"] // 90, axes=(1, 2)))
-        inputs = processor(videos=[frames], do_sample_frames=False, return_tensors="pt")
-        with torch.no_grad():
-            out = model.model.get_video_features(
-                pixel_values_videos=inputs["pixel_values_videos"],
-                video_position_ids=inputs["video_position_ids"],
-                num_frames_per_video=inputs["num_frames_per_video"],
-            )
-        _reference_cache[key] = out.last_hidden_state if space == "tower" else out.pooler_output[0]
-    return _reference_cache[key]
-
-
-def items_by_key(path) -> dict[str, dict]:
-    meta = gemma_embed.read_metadata(path)
-    return dict(
-        zip(json.loads(meta["keys"]) if isinstance(meta["keys"], str) else meta["keys"], meta["items"], strict=True)
-    )
 
 
 @pytest.mark.parametrize("batch_size", [None, 5], ids=["auto", "chunk5"])

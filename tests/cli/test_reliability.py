@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, write_image
+from helpers import ROOT, SLOW_EXE, TEST_MEDIA, write_image
 
 import gemma_embed
 
 MODEL = ROOT / "samples" / "tiny-gemma4"
 EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
-SLOW_EXE = Path(__file__).with_name("slow_gemma_embed.py")  # the real CLI with a delay before each encode
 
 
 def without_root_privilege() -> list[str]:
@@ -67,7 +66,7 @@ MATRIX = {
 }
 
 
-REAL_BAD = ROOT / "tests" / "media" / "bad"
+REAL_BAD = TEST_MEDIA / "bad"
 # The tool's own stderr lines: error:/warning:/note: lines and the closing summary line.
 OWN_LINE = re.compile(r"^(error|warning|note): |^\d+ ok, \d+ failed")
 

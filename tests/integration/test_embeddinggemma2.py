@@ -33,7 +33,6 @@ from gemma_embed.models.gemma4 import Gemma4VisionTower
 from gemma_embed.models.gemma4_audio import Gemma4AudioTower
 from gemma_embed.models.loading import resolve_checkpoint
 from gemma_embed.models.st_inputs import read_sentence_transformers
-from gemma_embed.pooling import l2_normalize, mean_pool, truncate_dim
 
 MEDIA = ROOT / "samples" / "media"
 IMAGES = ["landscape.jpg", "panorama.jpg", "portrait.png", "square.webp", "tall.png", "pixel.png", "exif-rotated.jpg"]
@@ -412,21 +411,3 @@ def test_unsupported_sentence_transformers_modules_are_refused_in_one_line(tmp_p
     (folder / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(CheckpointError, match="only sentence-transformers' own modules"):
         read_sentence_transformers(resolve_checkpoint(str(folder)))
-
-
-# ----------------------------------------------------------------------------------------- pure functions
-
-
-def test_mean_pool_counts_real_tokens_only():
-    hidden = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]]])
-    assert torch.equal(mean_pool(hidden, torch.tensor([[1, 1, 0]])), torch.tensor([[2.0, 3.0]]))
-    assert torch.equal(mean_pool(hidden, torch.zeros(1, 3)), torch.zeros(1, 2))  # no division by zero
-
-
-def test_truncate_dim_keeps_the_first_components_renormalised():
-    vector = l2_normalize(torch.tensor([[3.0, 4.0, 12.0]]))
-    assert torch.allclose(truncate_dim(vector, 2), torch.tensor([[0.6, 0.8]]))
-    assert torch.equal(truncate_dim(vector, None), vector)
-    assert torch.equal(truncate_dim(vector, 3), vector)
-    with pytest.raises(ValueError):
-        truncate_dim(vector, 0)

@@ -3,25 +3,17 @@ long clips are windowed, never truncated (DESIGN §6)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from audio_helpers import CLIP_SECONDS, RATE, make_clip, reference_audio_rows, write_clips
-from helpers import ROOT, record_batches, rel_error, run_images
-from typer.testing import CliRunner
+from helpers import record_batches, rel_error, run_images
 
 import gemma_embed
 from gemma_embed import engine
-from gemma_embed.cli import app
-from gemma_embed.config import RunConfig
-from gemma_embed.errors import CheckpointError
 from gemma_embed.media.audio import DecodedAudio
-from gemma_embed.models.audio import AudioPreparer, window_bounds
+from gemma_embed.models.audio import AudioPreparer
 from gemma_embed.models.gemma4_audio import Gemma4AudioTower, gemma4_audio_rows
 from gemma_embed.models.loading import resolve_checkpoint
-
-runner = CliRunner()
 
 
 def run_audio(inputs, model, output, **options):
@@ -45,21 +37,6 @@ def clip_dir(tmp_path_factory):
 def encode_log(monkeypatch):
     """The units of every device batch the audio tower runs."""
     return record_batches(monkeypatch, Gemma4AudioTower)
-
-
-# ------------------------------------------------------------------------------------------- pure parts
-
-
-def test_window_bounds_cover_every_sample_in_order():
-    assert window_bounds(70 * RATE, RATE, 30) == [(0, 480_000), (480_000, 960_000), (960_000, 1_120_000)]
-    assert window_bounds(30 * RATE, RATE, 30) == [(0, 480_000)]
-    assert window_bounds(30 * RATE + 1, RATE, 30) == [(0, 480_000), (480_000, 480_001)]
-    assert window_bounds(0, RATE, 30) == []
-    assert window_bounds(5, RATE, 2.5) == [(0, 5)]
-    with pytest.raises(ValueError, match="at most 30"):
-        RunConfig(window_s=30.5).check()
-    with pytest.raises(ValueError):
-        RunConfig(window_s=0).check()
 
 
 def test_token_count_alone_equals_batched_and_the_tower_mask(gemma4_dir, extractor, reference_model):
@@ -165,64 +142,3 @@ def test_tower_loads_strictly_with_buffers_as_from_pretrained(gemma4_dir, refere
     assert torch.equal(
         tower.embed.embedding_projection.weight, reference_model.model.embed_audio.embedding_projection.weight
     )
-
-
-def test_checkpoint_without_audio_tower_is_a_clear_error(tmp_path):
-    from make_tiny_checkpoint import build_gemma4
-
-    folder = build_gemma4(tmp_path / "vision-only", seed=3, audio=False)
-    with pytest.raises(CheckpointError, match="no audio tower"):
-        Gemma4AudioTower(resolve_checkpoint(str(folder)), "cpu", torch.float32)
-    result = runner.invoke(
-        app,
-        [
-            "audio",
-            str(ROOT / "samples" / "media" / "audio"),
-            "--model",
-            str(folder),
-            "-o",
-            str(tmp_path / "x.safetensors"),
-        ],
-    )
-    assert result.exit_code == 2 and "no audio tower" in result.output
-
-
-# ------------------------------------------------------------------------------------------- command
-
-
-def test_cli_audio_window_option_and_plan(tmp_path, gemma4_dir):
-    import soundfile as sf
-
-    sf.write(tmp_path / "twenty-five.wav", make_clip(25.0, 1), RATE, subtype="PCM_16")
-    out = tmp_path / "w.safetensors"
-    result = runner.invoke(
-        app,
-        [
-            "audio",
-            str(tmp_path / "twenty-five.wav"),
-            "--model",
-            str(gemma4_dir),
-            "-o",
-            str(out),
-            "--window-s",
-            "10",
-            "-q",
-        ],
-        catch_exceptions=False,
-    )
-    assert result.exit_code == 0, result.output
-    (item,) = gemma_embed.read_metadata(out)["items"]
-    assert [(w["start_s"], w["end_s"]) for w in item["windows"]] == [(0, 10), (10, 20), (20, 25)]
-
-    too_long = runner.invoke(app, ["audio", str(tmp_path), "--model", str(gemma4_dir), "--window-s", "45"])
-    assert too_long.exit_code == 2
-
-    planned = runner.invoke(
-        app,
-        ["plan", str(ROOT / "samples" / "media" / "audio"), "--modality", "audio", "--model", str(gemma4_dir), "-q"],
-        catch_exceptions=False,
-    )
-    assert planned.exit_code == 0, planned.output
-    plan = json.loads(planned.stdout.strip().splitlines()[-1])
-    assert plan["modality"] == "audio" and plan["items"] == 5 and plan["units"] == 5
-    assert all(b["cost_per_unit"] > 0 and b["chunk"] >= 1 for b in plan["buckets"])

@@ -9,12 +9,10 @@ import sys
 from pathlib import Path
 
 import torch
-from helpers import ROOT, run_images, write_image
+from helpers import ROOT, SLOW_EXE, run_images, write_image
 
 import gemma_embed
 from gemma_embed import store
-from gemma_embed.distributed import Slice, take
-from gemma_embed.sources import Source
 
 MODEL = ROOT / "samples" / "tiny-gemma4"
 EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
@@ -36,12 +34,6 @@ def _assert_same(merged: Path, single: Path) -> None:
     for key in b:
         assert torch.equal(a[key], b[key]), key
     assert gemma_embed.read_metadata(merged)["items"] == gemma_embed.read_metadata(single)["items"]
-
-
-def test_take_is_a_deterministic_partition():
-    sources = [Source(f"k{i}", f"p{i}", position=i) for i in range(10)]
-    slices = [[s.key for s in take(sources, Slice(r, 3))] for r in range(3)]
-    assert slices == [["k0", "k3", "k6", "k9"], ["k1", "k4", "k7"], ["k2", "k5", "k8"]]
 
 
 def test_torchrun_two_ranks_equals_single_process(tmp_path):
@@ -99,7 +91,7 @@ def test_torchrun_ranks_never_time_out_on_uneven_work(tmp_path):
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     # fmt: off
     command = [
-        torchrun, "--standalone", "--nproc-per-node", "2", str(ROOT / "tests" / "slow_gemma_embed.py"), "--encode", "6",
+        torchrun, "--standalone", "--nproc-per-node", "2", str(SLOW_EXE), "--encode", "6",
         "images", str(folder), "--model", str(MODEL), "-o", str(out), "--max-soft-tokens", "70", "--device", "cpu",
     ]
     # fmt: on

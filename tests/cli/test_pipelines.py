@@ -14,12 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import EXE, ROOT, SAMPLE_MODEL, record_batches, run_images, write_image
+from helpers import EXE, ROOT, SAMPLE_MODEL, SLOW_EXE, record_batches, run_images, write_image
 
 import gemma_embed
 from gemma_embed.models.gemma4 import Gemma4VisionTower
 
-SLOW_EXE = Path(__file__).with_name("slow_gemma_embed.py")
 SAMPLE_IMAGES = ROOT / "samples" / "media" / "images"
 
 

@@ -5,26 +5,14 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT
-from typer.testing import CliRunner
+from helpers import EXE, ROOT, SAMPLE_MODEL, invoke, summary
 
 import gemma_embed
-from gemma_embed.cli import app
 
-SAMPLE_MODEL = ROOT / "samples" / "tiny-gemma4"
 SAMPLE_IMAGES = ROOT / "samples" / "media" / "images"
-EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
-
-
-def summary(stdout: str) -> dict:
-    records = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-    assert records and records[-1]["type"] == "summary"
-    return records[-1]
 
 
 def test_installed_command_on_the_samples(tmp_path):
@@ -64,13 +52,6 @@ def test_installed_command_reads_paths_from_stdin_and_names_bad_files(tmp_path):
     assert [r["status"] for r in records if r["type"] == "item"] == ["ok", "failed", "ok"]
     assert summary(proc.stdout)["failed"] == 1
     assert list(gemma_embed.load(out)) == [str(good[0]), str(good[1])]
-
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
 
 
 def test_cli_pool_mean_inspect_and_plan(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import ROOT
+from helpers import ROOT, TEST_MEDIA
 
 from gemma_embed import capture
 from gemma_embed.media import MediaBytes
@@ -14,7 +14,7 @@ from gemma_embed.media.image import ImageDecodeError, decode_image
 from gemma_embed.media.video import FramePolicy, VideoDecodeError, decode_video
 
 SAMPLES = ROOT / "samples" / "media"
-REAL = ROOT / "tests" / "media"
+REAL = TEST_MEDIA
 IMAGES = sorted((SAMPLES / "images").iterdir()) + sorted((REAL / "images").iterdir())
 AUDIO = sorted((SAMPLES / "audio").iterdir()) + sorted((REAL / "audio").iterdir())
 VIDEO = sorted((SAMPLES / "video").iterdir()) + sorted((REAL / "video").iterdir())

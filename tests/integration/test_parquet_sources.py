@@ -3,7 +3,6 @@ keys, kept columns, path columns, and rows that cannot be items, each named."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -116,23 +115,6 @@ def test_rows_that_cannot_be_items_are_named(tmp_path):
     assert list(gemma_embed.load(out)) == [f"{path}:0", f"{path}:3"]
 
 
-def test_a_row_group_that_cannot_be_read_fails_its_rows_and_the_next_is_read(tmp_path):
-    path = tmp_path / "t.parquet"
-    blobs = [os.urandom(3000) for _ in range(4)]
-    table = pa.table({"image": pa.array(blobs, pa.binary())})
-    pq.write_table(table, path, row_group_size=2, compression="snappy", use_dictionary=False)
-    first_chunk = pq.ParquetFile(path).metadata.row_group(0).column(0)
-    raw = bytearray(path.read_bytes())
-    middle = first_chunk.data_page_offset + first_chunk.total_compressed_size // 2
-    raw[middle : middle + 64] = b"\xff" * 64  # the first row group's page no longer decompresses
-    path.write_bytes(bytes(raw))
-    found = list(iter_sources([str(path)], "images", collection=Collection("image")))
-    assert [s.key for s in found] == [f"{path}:{row}" for row in range(4)]
-    assert [s.error is not None for s in found] == [True, True, False, False]
-    assert found[0].error.startswith("row group 0 cannot be read (")
-    assert [bytes(s.data) for s in found[2:]] == blobs[2:]
-
-
 def test_wrong_columns_are_usage_errors_before_the_model_loads(dataset, tmp_path):
     parquet = dataset["parquet"]
     with pytest.raises(UsageError, match=r"give --column NAME, the column of media or file paths \(its columns: image"):
@@ -167,8 +149,8 @@ def test_peak_rss_is_flat_from_1_to_10_row_groups(tmp_path):
     record batch at a time, the peak RSS of the command must not grow with the file (reading it whole adds about
     40 MB, twice that as Python bytes; measured with 8 images a row group: +218 MiB whole, +2 MiB as done)."""
     import numpy as np
+    from helpers import PEAK_RSS_WRAPPER
     from PIL import Image
-    from test_scale import WRAPPER
 
     rng = np.random.default_rng(0)
     blobs = []
@@ -193,7 +175,7 @@ def test_peak_rss_is_flat_from_1_to_10_row_groups(tmp_path):
         listing = tmp_path / "empty.txt"
         listing.write_text("")
         proc = subprocess.run(
-            [sys.executable, "-c", WRAPPER, str(listing), *args], capture_output=True, text=True, timeout=600
+            [sys.executable, "-c", PEAK_RSS_WRAPPER, str(listing), *args], capture_output=True, text=True, timeout=600
         )
         result = __import__("json").loads(proc.stdout)
         assert result["code"] == 0, result["stderr"]

@@ -1,0 +1,53 @@
+"""What a file of an output must be, and the one-line error when it is not (`DamagedFile`): a leaf module, read
+by the layouts (`layout`, `tensors_file`) and the readers before they open anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from gemma_embed import FORMAT
+from gemma_embed.errors import UsageError
+
+
+class DamagedFile(UsageError, ValueError):
+    """A file that should be one of an output's (or a part) and is not: `FILE: not a KIND (REASON); FIX`.
+
+    A usage error (exit 2: the run cannot start on it) and a ValueError (what readers raised before)."""
+
+    def __init__(self, file: Path, reason: str, kind: str = f"{FORMAT} file", fix: str = ""):
+        self.file, self.reason, self.kind, self.fix = Path(file), " ".join(str(reason).split()), kind, fix
+        super().__init__(f"{file}: not a {kind} ({self.reason})" + (f"; {fix}" if fix else ""))
+
+    def told(self, kind: str | None = None, fix: str = "") -> DamagedFile:
+        """The same finding, for a caller that knows what the file was meant to be and how to get past it."""
+        return DamagedFile(self.file, self.reason, kind or self.kind, fix)
+
+
+_NOT_REGULAR = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def require_regular_file(file: Path, kind: str = f"{FORMAT} file", fix: str = "") -> None:
+    """Before opening a file of an output: a folder would fail oddly ("No such device") and a FIFO would block
+    the open. A missing file is a FileNotFoundError naming it."""
+    mode = os.stat(file).st_mode
+    if not stat.S_ISREG(mode):
+        raise DamagedFile(file, f"is {_NOT_REGULAR.get(stat.S_IFMT(mode), 'not a regular file')}", kind, fix)
+
+
+def read_json(file: Path, kind: str, fix: str = "") -> Any:
+    """A small JSON file of an output (index, manifest), or a `DamagedFile` naming it."""
+    require_regular_file(file, kind, fix)
+    try:
+        return json.loads(Path(file).read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DamagedFile(file, f"not valid JSON: {exc}", kind, fix) from None
