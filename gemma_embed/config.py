@@ -19,6 +19,7 @@ from typing import Any
 
 from gemma_embed.memory import parse_budget
 from gemma_embed.sources import Collection, parse_extensions
+from gemma_embed.sources.base import parse_item_bytes
 from gemma_embed.sources.table import parse_columns
 
 DEFAULT_MODEL = "google/gemma-4-e2b-it"
@@ -249,6 +250,16 @@ class RunConfig:
     )
     dataset: str | None = option(None, "Hugging Face dataset: hub id or folder.", commands=MEDIA + PLAN, metavar="NAME")
     split: str | None = option(None, "The dataset's split (default: train).", commands=MEDIA + PLAN, metavar="SPLIT")
+    max_item_bytes: str | None = option(
+        None,
+        "Largest tar member or table cell read (default: a quarter of the memory budget, at least 256MiB).",
+        commands=MEDIA + PLAN,
+        check=parse_item_bytes,
+        metavar="SIZE",
+    )
+    allow_outside_paths: bool = option(
+        False, "Table path cells may name files outside the table's folder.", commands=MEDIA + PLAN
+    )
     # Model -----------------------------------------------------------------------------------------------
     model: str = option(
         DEFAULT_MODEL,
@@ -402,7 +413,16 @@ class RunConfig:
     @property
     def collection(self) -> Collection:
         """How parquet rows and a --dataset's rows become items (`sources.Collection`)."""
-        return Collection(self.column, self.key_column, self.keep_columns, self.dataset, self.split)
+        return Collection(
+            self.column,
+            self.key_column,
+            self.keep_columns,
+            self.dataset,
+            self.split,
+            max_item_bytes=parse_item_bytes(self.max_item_bytes),
+            memory_budget=parse_budget(self.memory_budget),
+            allow_outside_paths=self.allow_outside_paths,
+        )
 
     def check(self) -> None:
         """Every field's own check; ValueError naming the option (as the command line spells it)."""
