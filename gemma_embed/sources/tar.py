@@ -190,9 +190,10 @@ def _sidecar_meta(sample: list[_Member]) -> dict:
 # ------------------------------------------------------------------------------------------ reading a shard
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Data:
-    """Where a regular member's data lies in the shard: what a link to it reads."""
+    """Where a regular member's data lies in the shard: what a link to it reads (one is kept per regular member
+    read so far, so it is small)."""
 
     offset: int
     size: int  # expanded size for a sparse member
