@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+import pytest
 import torch
 from helpers import EXE, SAMPLE_MODEL, run_images, write_image
 from tar_helpers import gnu_sparse_member, gnu_tar, regular, sparse_file, write_tar
@@ -28,6 +29,7 @@ def _errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
+@pytest.mark.slow
 def test_a_sparse_3_gib_member_is_a_failure_and_peak_rss_stays_under_1_5_gb(tmp_path):
     """The shard is 20 KB; read whole (as tarfile's extractfile().read() did), the member was 3 GiB of zeros in
     memory, twice. Measured here: the run's peak RSS, and the member refused from its header."""
