@@ -160,6 +160,57 @@ class Collection:
     keep_columns: tuple[str, ...] = ()
     dataset: str | None = None
     split: str | None = None
+    # The largest tar member or table cell read into memory (bytes); None: `default_item_bytes` of the host's
+    # memory and `memory_budget` (--memory-budget, read against host memory: items are held there).
+    max_item_bytes: int | None = None
+    memory_budget: BudgetSpec = BudgetSpec()
+    # Path cells may name files outside their table's folder (absolute paths, `..`, links leading out).
+    allow_outside_paths: bool = False
+
+    def with_item_limit(self) -> Collection:
+        """This collection with `max_item_bytes` decided (the default measured now, once per run)."""
+        if self.max_item_bytes is not None:
+            return self
+        import psutil
+
+        from gemma_embed import memory
+
+        host = psutil.virtual_memory()
+        free, total = memory.host_memory(host.available, host.total, *memory.cgroup_memory())
+        return dataclasses.replace(self, max_item_bytes=default_item_bytes(free, total, self.memory_budget))
+
+
+# An item of a collection (a tar member, a parquet cell) is read whole into memory, where it stays while its
+# decode window waits, and the decoder's file object copies it once more while it decodes; the decode stage keeps
+# at least 2 x --workers items in flight. A quarter of the budget per item keeps the common case (2 workers) of a
+# few such items within the budget; the floor keeps ordinary large media (a 200 MB video member) readable on a
+# small host, where the default budget (total/10) would be below it.
+ITEM_BUDGET_SHARE = 4
+ITEM_BYTES_FLOOR = 256 << 20
+
+
+def default_item_bytes(free: int, total: int, spec: BudgetSpec = BudgetSpec()) -> int:
+    """The largest item read by default: a quarter of the memory budget applied to host memory (`memory.budget`:
+    min(free/2, total/10), or --memory-budget capped at what is free), at least ITEM_BYTES_FLOOR."""
+    from gemma_embed import memory
+
+    return max(ITEM_BYTES_FLOOR, memory.budget(free, total, spec) // ITEM_BUDGET_SHARE)
+
+
+def parse_item_bytes(value: str | int | None) -> int | None:
+    """--max-item-bytes: '2GiB', '512MiB', '1.5GB' (memory.parse_budget's units) or a number of bytes -> bytes;
+    None or 'auto' -> None (the default from memory)."""
+    if value is None or isinstance(value, int):
+        if value is not None and value <= 0:
+            raise ValueError(f"must be a positive size, got {value}")
+        return value
+    try:
+        spec = parse_budget(value)
+    except ValueError:
+        raise ValueError(f"cannot read {value!r}: use a size like 2GiB or 512MiB") from None
+    if spec.fraction_of_total is not None:
+        raise ValueError(f"{value!r}: give a size like 2GiB or 512MiB, not a share")
+    return spec.bytes
 
 
 # ------------------------------------------------------------------------------------------ option specs
@@ -342,6 +393,17 @@ class RunConfig:
     )
     dataset: str | None = option(None, "Hugging Face dataset: hub id or folder.", commands=MEDIA + PLAN, metavar="NAME")
     split: str | None = option(None, "The dataset's split (default: train).", commands=MEDIA + PLAN, metavar="SPLIT")
+    max_item_bytes: int | None = option(
+        None,
+        "Largest tar member or table cell read (default: a quarter of the memory budget, at least 256MiB).",
+        commands=MEDIA + PLAN,
+        cli_type=str,
+        parse=parse_item_bytes,
+        metavar="SIZE",
+    )
+    allow_outside_paths: bool = option(
+        False, "Table path cells may name files outside the table's folder.", commands=MEDIA + PLAN
+    )
     # Model -----------------------------------------------------------------------------------------------
     model: str = option(
         DEFAULT_MODEL,
@@ -485,12 +547,16 @@ class RunConfig:
                 except ValueError:
                     choices = ", ".join(m.value for m in kind)
                     raise ValueError(f"{f.name}={value!r}: choose one of {choices}") from None
-        if self.ext is not None and not (isinstance(self.ext, tuple) and all(e.startswith(".") for e in self.ext)):
-            object.__setattr__(self, "ext", parse_extensions(self.ext))
-        if not isinstance(self.keep_columns, tuple) or not all(isinstance(c, str) for c in self.keep_columns):
-            object.__setattr__(self, "keep_columns", parse_columns(self.keep_columns))
-        if not isinstance(self.memory_budget, BudgetSpec):  # "2GiB", "30%" or None from a Python caller
-            object.__setattr__(self, "memory_budget", parse_budget(self.memory_budget))
+        # Values in the command line's form ("jpg,png", "2GiB", "auto") are parsed here, once, by the option's own
+        # parser (the command line's callbacks have already done it: parsers take their own output back unchanged).
+        for f in dataclasses.fields(self):
+            spec, value = option_of(f), getattr(self, f.name)
+            if spec is None or spec.parse is None or isinstance(value, BudgetSpec):
+                continue
+            try:
+                object.__setattr__(self, f.name, spec.parse(value))
+            except ValueError as exc:
+                raise ValueError(f"--{f.name.replace('_', '-')}: {exc}") from None
         if isinstance(self.inputs, (str, Path)):
             object.__setattr__(self, "inputs", (str(self.inputs),))
         else:
@@ -500,7 +566,16 @@ class RunConfig:
     @property
     def collection(self) -> Collection:
         """How parquet rows and a --dataset's rows become items (`sources.Collection`)."""
-        return Collection(self.column, self.key_column, self.keep_columns, self.dataset, self.split)
+        return Collection(
+            self.column,
+            self.key_column,
+            self.keep_columns,
+            self.dataset,
+            self.split,
+            max_item_bytes=self.max_item_bytes,
+            memory_budget=self.memory_budget,
+            allow_outside_paths=self.allow_outside_paths,
+        )
 
     def check(self) -> None:
         """Every field's own check; ValueError naming the option (as the command line spells it)."""

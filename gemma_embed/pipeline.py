@@ -76,17 +76,19 @@ def _run(config: RunConfig, reporter: Reporter | None, stdin, own_process: bool)
     if part.is_split:
         store.check_output_path(config.output, config.overwrite, config.resume)
     skipped: Counter = Counter()  # files the folder walk passes over, by extension
-    found = _require_input(config, stdin, skipped)  # before loading a model
-    if part.is_split:
-        distributed.begin_slice(config.output, part)
     result = RunResult()
     signals = stop_on_signals(immediate=True) if own_process else contextlib.nullcontext(StopFlag())
     with signals as stop:
+        waiting = "waiting for the first input"  # a list on stdin may take its time
         try:
+            found = _require_input(config, stdin, skipped)  # before loading a model
+            if part.is_split:
+                distributed.begin_slice(config.output, part)
+            waiting = "loading the model"
             embedder = Embedder.from_config(config, reporter, stop.check, part.local_rank)
             route = embedder.load(config.modality)  # every usage error first, from configs; then the weights
         except Interrupted as interrupted:
-            reporter.note("interrupted while loading the model; nothing to save")
+            reporter.note(f"interrupted while {waiting}; nothing to save")
             result.interrupted, result.signum = str(interrupted), interrupted.signum
             reporter.finish(result.finish())
             return result

@@ -19,14 +19,39 @@ MAX_PIXELS = 89_478_485
 OPEN_TIMEOUT_S = (30.0, 30.0)
 
 
-def file_facts(path: str) -> dict:
-    """Size, modification time and SHA-256 of the content: how `--resume` tells a changed file."""
+# What a file that is not a regular one is, by its stat mode, for messages.
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+class NotRegularFile(ValueError):
+    """An input that is neither a regular file nor a folder: a FIFO, a device, a socket."""
+
+
+def regular_file(path: str | os.PathLike, what: str = "a media file") -> os.stat_result:
+    """The file's stat (through symbolic links), after refusing what must not be opened for reading: a folder
+    (IsADirectoryError, "is a directory, not `what`") and anything that is not a regular file (NotRegularFile,
+    naming its kind and, through a link, where the link leads). Only stat is called, never open: opening a FIFO
+    blocks until a writer comes, and /dev/zero or /dev/urandom never end. Every input the tool opens (media
+    files, tar shards, parquet files, a dataset folder's files, text files) passes here first."""
     st = os.stat(path)
     if stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError("is a directory, not a media file")
+        raise IsADirectoryError(f"is a directory, not {what}")
     if not stat.S_ISREG(st.st_mode):
-        # A FIFO or device would block or never end: refuse before reading a byte.
-        raise ValueError("not a regular file")
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a file")
+        if os.path.islink(path):
+            kind = f"a symbolic link to {os.path.realpath(path)}, {kind}"
+        raise NotRegularFile(f"not a regular file ({kind}); not opened")
+    return st
+
+
+def file_facts(path: str) -> dict:
+    """Size, modification time and SHA-256 of the content: how `--resume` tells a changed file."""
+    st = regular_file(path)
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         while block := fh.read(_HASH_BLOCK):

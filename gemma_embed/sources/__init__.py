@@ -23,8 +23,9 @@ from typing import IO
 
 from gemma_embed.config import Modality
 from gemma_embed.errors import UsageError
+from gemma_embed.interrupts import responsive
 from gemma_embed.sources import table, tar
-from gemma_embed.sources.base import MEDIA_MODALITIES, Collection, Source
+from gemma_embed.sources.base import MEDIA_MODALITIES, Collection, SkippedMember, Source
 from gemma_embed.sources.files import (
     expand_braces,
     extensions,
@@ -82,6 +83,7 @@ def _items(
     inputs = list(inputs)
     wanted = frozenset(ext) if ext else extensions(modality)
     media = modality in MEDIA_MODALITIES
+    collection = collection.with_item_limit() if media else collection
     # What would make the whole run wrong is a usage error before the first item (so before a model is loaded):
     # a parquet file named on the command line that lacks the columns, a --dataset that cannot be opened.
     if media and read:
@@ -92,7 +94,7 @@ def _items(
     keys = table.Keys()
     for found in find_files(inputs, wanted | _walked_collections(modality, collection), stdin, null_separated, skipped):
         if found.error is None and media and tar.is_shard(found.path):
-            yield from tar.members(found.path, found.key, wanted, skipped, read=read)
+            yield from tar.members(found.path, found.key, wanted, skipped, read, collection.max_item_bytes)
         elif found.error is None and media and table.is_table(found.path):
             if read:
                 yield from table.parquet_rows(found.path, found.key, collection, keys)
@@ -126,10 +128,11 @@ def iter_sources(
     counted in `skipped` by extension. What cannot be an item (a missing path, a member or row that cannot be
     read) is yielded with an error so the run reports it and goes on; a run that cannot start (a parquet file
     given without the columns, a dataset that cannot be opened) raises UsageError before the first item.
+
+    A run's stop signal ends a wait for the next item however long its read blocks (`interrupts.responsive`).
     """
     items = _items(inputs, modality, stdin, null_separated, ext, skipped, collection or Collection())
-    for position, source in enumerate(items):
-        yield replace(source, position=position)
+    return responsive(replace(source, position=position) for position, source in enumerate(items))
 
 
 def count_sources(
@@ -204,21 +207,59 @@ def no_input_message(
     shown = " ".join(wanted[:12]) + (f" ... ({len(wanted)} extensions, see README)" if len(wanted) > 12 else "")
     noun = Modality(modality).singular
     line = f"no {noun} files found in {where or 'the arguments'}: looked for {shown}"
-    if skipped:
-        passed = ", ".join(f"{e} x{n}" for e, n in skipped.most_common(5))
-        more = "" if len(skipped) <= 5 else f", {len(skipped) - 5} more kinds"
-        line += f"; passed over {sum(skipped.values())} files ({passed}{more}); --ext chooses the extensions"
+    files, members = _by_extension_and_kind(skipped)
+    if files:
+        passed = ", ".join(f"{e} x{n}" for e, n in files.most_common(5))
+        more = "" if len(files) <= 5 else f", {len(files) - 5} more kinds"
+        line += f"; passed over {files.total()} files ({passed}{more}); --ext chooses the extensions"
+    if members:
+        line += f"; {_members_note(members)}"
     return line
 
 
 def skipped_note(modality: str, skipped: Counter) -> str | None:
-    """A note for the end of a run: the files the walk (or a tar shard's members) passed over, by extension."""
-    if not skipped:
-        return None
-    kinds = ", ".join(f"{e} x{n}" for e, n in skipped.most_common(5))
-    more = "" if len(skipped) <= 5 else f", {len(skipped) - 5} more kinds"
-    total = sum(skipped.values())
-    return (
-        f"skipped {total} file{'s' if total != 1 else ''} the folder walk does not take for {modality} "
-        f"({kinds}{more}); --ext chooses the extensions"
-    )
+    """A note for the end of a run: the files the walk (or a tar shard's members) passed over, by extension,
+    and the members of shards that are no regular files, by kind (one line for both)."""
+    files, members = _by_extension_and_kind(skipped)
+    parts = []
+    if files:
+        kinds = ", ".join(f"{e} x{n}" for e, n in files.most_common(5))
+        more = "" if len(files) <= 5 else f", {len(files) - 5} more kinds"
+        total = files.total()
+        parts.append(
+            f"skipped {total} file{'s' if total != 1 else ''} the folder walk does not take for {modality} "
+            f"({kinds}{more}); --ext chooses the extensions"
+        )
+    if members:
+        parts.append(_members_note(members))
+    return "; ".join(parts) or None
+
+
+def _by_extension_and_kind(skipped: Counter) -> tuple[Counter, Counter]:
+    """(files passed over, by extension; shard members that are no files, by SkippedMember) of `skipped`."""
+    files, members = Counter(), Counter()
+    for key, count in skipped.items():
+        (members if isinstance(key, SkippedMember) else files)[key] += count
+    return files, members
+
+
+def _members_note(members: Counter) -> str:
+    """`shard.tar: skipped 2 members: 1 symlink, 1 fifo`, or for several shards the kinds over all of them and
+    the first shards by name with their counts."""
+    kinds, shards = Counter(), Counter()
+    for (shard, kind), count in members.items():
+        kinds[kind] += count
+        shards[shard] += count
+    total = kinds.total()
+    listed = ", ".join(f"{n} {_plural(kind, n)}" for kind, n in kinds.most_common())
+    if len(shards) == 1:
+        return f"{next(iter(shards))}: skipped {total} member{'s' if total != 1 else ''}: {listed}"
+    named = ", ".join(f"{shard} {n}" for shard, n in list(shards.items())[:3])
+    more = f", {len(shards) - 3} more shards" if len(shards) > 3 else ""
+    return f"skipped {total} tar members that are no regular files: {listed} (in {named}{more})"
+
+
+def _plural(kind: str, count: int) -> str:
+    if count == 1:
+        return kind
+    return kind[:-1] + "ies" if kind.endswith("y") else kind + "s"

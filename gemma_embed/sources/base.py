@@ -1,13 +1,21 @@
-"""What every kind of source yields: a keyed item (`Source`). How table rows become items (`Collection`) is an
-option, defined with the others in config.py."""
+"""What every kind of source yields: a keyed item (`Source`), and what collections (tar shards, tables) report
+about items they cannot give: too large to read, members that are no files. How collections give items
+(`Collection`: columns, the item size limit, where path cells may lead) is an option, defined in config.py."""
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from gemma_embed.config import MEDIA_MODALITIES, Collection  # noqa: F401 - re-exported
+from gemma_embed import memory
+from gemma_embed.config import (  # noqa: F401 - re-exported
+    ITEM_BYTES_FLOOR,
+    MEDIA_MODALITIES,
+    Collection,
+    default_item_bytes,
+    parse_item_bytes,
+)
 from gemma_embed.media import file_facts
 
 
@@ -44,3 +52,19 @@ class Source:
         if self.data is None:
             return {"path": self.path, **file_facts(self.path)}
         return {"path": self.path, "bytes": len(self.data), "sha256": hashlib.sha256(self.data).hexdigest()}
+
+
+def item_too_large(size: int, limit: int, what: str = "") -> str:
+    """The one-line reason an item over the limit fails, unread."""
+    return (
+        f"{what or 'the item'} is {memory.human_bytes(size)} ({size} bytes), over the {memory.human_bytes(limit)} "
+        f"an item may have; not read (--max-item-bytes raises the limit)"
+    )
+
+
+class SkippedMember(NamedTuple):
+    """A key of the `skipped` counter for a member of a shard that is no regular file (a directory, a link that
+    is not followed, a device, a FIFO): counted by shard and kind, where skipped files are counted by extension."""
+
+    shard: str
+    kind: str

@@ -14,6 +14,9 @@ from typing import IO
 
 from gemma_embed.config import parse_extensions  # noqa: F401 - re-exported: sources.parse_extensions
 
+# What a folder walk takes for the text command (files named explicitly are taken whatever their extension).
+TEXT_EXTENSIONS = frozenset({".txt", ".text", ".md"})
+
 
 @functools.cache
 def extensions(modality: str) -> frozenset[str]:
@@ -27,8 +30,6 @@ def extensions(modality: str) -> frozenset[str]:
     elif modality == "audio":
         from gemma_embed.media.audio import extensions as found
     elif modality == "text":
-        from gemma_embed.sources.text import TEXT_EXTENSIONS
-
         return TEXT_EXTENSIONS
     else:
         raise ValueError(f"no such modality: {modality}")
@@ -36,12 +37,51 @@ def extensions(modality: str) -> frozenset[str]:
 
 
 def read_path_list(stream: IO[bytes] | IO[str], null_separated: bool) -> list[str]:
-    data = stream.read()
-    if isinstance(data, bytes):
+    return list(iter_path_list(stream, null_separated))
+
+
+def iter_path_list(stream: IO[bytes] | IO[str], null_separated: bool) -> Iterator[str]:
+    """The paths of a list (one a line, or NUL-separated), each as soon as it has arrived: `find | gemma-embed
+    images -` starts on the first files while find is still looking, and a stop signal while the list waits for
+    more saves what is done. Blank entries are no paths; a line's trailing CR goes."""
+    for entry in split_stream(stream, b"\0" if null_separated else b"\n"):
         # Non-UTF-8 names must survive the round trip to os.open: decode like the OS does.
-        data = os.fsdecode(data)
-    sep = "\0" if null_separated else "\n"
-    return [p.rstrip("\r") if not null_separated else p for p in data.split(sep) if p.strip()]
+        path = os.fsdecode(entry) if isinstance(entry, bytes) else entry
+        if not null_separated:
+            path = path.rstrip("\r")
+        if path.strip():
+            yield path
+
+
+_CHUNK = 1 << 16
+
+
+def split_stream(stream: IO[bytes] | IO[str], sep: bytes) -> Iterator[bytes | str]:
+    """The stream split at `sep`, read a chunk at a time: whatever has arrived (read1), never waiting for a
+    whole chunk or the end. Splitting the bytes before decoding is safe: no UTF-8 sequence holds a NUL or a
+    newline byte."""
+    stream = getattr(stream, "buffer", stream)  # a text wrapper's read(n) would wait for n characters
+    read = getattr(stream, "read1", None) or stream.read
+    pending = None
+    while chunk := read(_CHUNK):
+        sep_here = sep if isinstance(chunk, bytes) else sep.decode()
+        pending = chunk if pending is None else pending + chunk
+        *complete, pending = pending.split(sep_here)
+        yield from complete
+    if pending:
+        yield pending
+
+
+def process_stdin() -> IO[bytes]:
+    """The process's standard input, unbuffered: its file descriptor read by plain read calls, not through
+    sys.stdin's buffer. A read of it may be left waiting in a helper thread when a stop signal ends the run
+    (interrupts.responsive); inside sys.stdin's buffer it would hold the buffer's lock, which the interpreter takes
+    to close sys.stdin at exit: "Fatal Python error: could not acquire lock for <stdin> at interpreter shutdown".
+    (Nothing reads sys.stdin before: no buffered bytes are passed over.)"""
+    try:
+        return open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)  # noqa: SIM115 - the process's own
+    except (AttributeError, OSError, ValueError):  # no stdin, or one without a descriptor (replaced in tests)
+        return sys.stdin.buffer
 
 
 # ------------------------------------------------------------------------------------------ brace patterns
@@ -126,8 +166,7 @@ def find_files(
     def expanded() -> Iterator[str]:
         for given in inputs:
             if given == "-":
-                stream = stdin if stdin is not None else sys.stdin.buffer
-                yield from read_path_list(stream, null_separated)
+                yield from iter_path_list(stdin if stdin is not None else process_stdin(), null_separated)
             elif is_brace_pattern(given):
                 yield from expand_braces(given)
             else:

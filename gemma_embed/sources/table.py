@@ -9,7 +9,14 @@ decodes them (they are read as Arrow data), so an image in a dataset becomes exa
 
 Rows are read a record batch of BATCH_ROWS rows at a time, row group by row group, and only the columns the run
 needs: memory holds one batch, however many rows or row groups a file has. A row group that cannot be read fails
-each of its rows that was not read yet, by key, and reading goes on with the next.
+each of its rows that was not read yet, by key, and reading goes on with the next. A cell larger than the
+collection's `max_item_bytes` fails by key: its length comes from the Arrow array's offsets, and the cell is never
+copied out of the batch (the batch itself is pyarrow's: a memory-mapped dataset's cells are not even paged in).
+
+A path cell names a file under its table's folder (the parquet file's, the dataset's): an absolute path, or one
+that leads out of the folder (`..`, or a symbolic link), fails by key with the same line whether that file exists
+or not (a table from elsewhere must not open, nor tell which paths exist on this machine) unless the collection
+allows outside paths (--allow-outside-paths). A dataset from the hub has no folder: its path cells need that too.
 
 Keys: `FILE:ROW` (the file keyed as any file is; ROW counts from 0 over the whole file) or, for a dataset,
 `DATASET:SPLIT:ROW`; with `--key-column` the column's value (it must be unique: a repeat fails, naming the row).
@@ -23,14 +30,15 @@ import contextlib
 import datetime
 import decimal
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from gemma_embed.config import RESERVED, Collection, parse_columns  # noqa: F401 - parse_columns re-exported
 from gemma_embed.errors import UsageError
-from gemma_embed.media import MediaBytes
-from gemma_embed.sources.base import Source
+from gemma_embed.media import MediaBytes, NotRegularFile, regular_file
+from gemma_embed.sources.base import Source, item_too_large
 
 SUFFIXES = (".parquet",)
 BATCH_ROWS = 16  # rows converted at a time: a batch of 16 large images is tens of MB at most
@@ -161,9 +169,13 @@ class _Rows:
             yield self.item(key, row, meta, data_cells, path_cells, i, column[i].is_valid)
 
     def item(self, key: str, row: int, meta: dict, data_cells, path_cells, i: int, valid: bool) -> Source:
-        data = data_cells[i].as_py() if data_cells is not None and valid else None
+        # The cell's bytes as Arrow's own buffer (no copy): measured before the one copy into the item.
+        data = data_cells[i].as_buffer() if data_cells is not None and valid else None
         name = path_cells[i].as_py() if path_cells is not None and valid else None
         if data is not None:
+            limit = self.collection.max_item_bytes
+            if limit is not None and data.size > limit:
+                return Source(key, self.where, error=f"row {row}: {item_too_large(data.size, limit, 'its cell')}")
             if name:
                 meta["name"] = name
             return Source(key, self.where, data=MediaBytes(data, PurePosixPath(name or "").name), meta=meta)
@@ -172,10 +184,25 @@ class _Rows:
         path = Path(name).expanduser()
         if not path.is_absolute() and self.folder is not None:
             path = self.folder / path
+        if not self.collection.allow_outside_paths and not self.inside(path):
+            folder = self.folder.resolve() if self.folder is not None else "the table's folder (a hub dataset has none)"
+            return Source(
+                key,
+                self.where,
+                error=f"row {row} names {name!r}, outside {folder}: not opened (--allow-outside-paths opens paths "
+                f"outside the table's folder)",
+            )
         if not path.is_file():
             why = "not a file" if path.exists() else "no such file or directory"
             return Source(key, str(path), error=f"row {row} names {path}: {why}")
         return Source(key, str(path), meta=meta)
+
+    def inside(self, path: Path) -> bool:
+        """Whether a path cell's file lies under the table's folder, links resolved (a path that does not exist
+        resolves as far as it does, then by its text), so the answer does not depend on whether it exists."""
+        if self.folder is None:
+            return False
+        return path.resolve().is_relative_to(self.folder.resolve())
 
 
 # ------------------------------------------------------------------------------------------ parquet
@@ -204,6 +231,13 @@ def parquet_rows(path: Path, file_key: str, collection: Collection, keys: Keys) 
     import pyarrow as pa
 
     try:
+        regular_file(path, "a parquet file")
+    except NotRegularFile as exc:
+        yield Source(file_key, str(path), error=str(exc))
+        return
+    except OSError:
+        pass  # opening it says why
+    try:
         table = _open_parquet(path)
         problem = column_problem(table.schema_arrow, collection)
     except Exception as exc:  # noqa: BLE001
@@ -231,6 +265,7 @@ def parquet_rows(path: Path, file_key: str, collection: Collection, keys: Keys) 
 def parquet_row_count(path: Path, collection: Collection) -> int:
     """How many items the file gives (from its footer; 1, its failure, when the columns do not fit)."""
     try:
+        regular_file(path, "a parquet file")
         table = _open_parquet(path)
     except Exception:  # noqa: BLE001
         return 1
@@ -304,6 +339,7 @@ def open_dataset(collection: Collection) -> OpenedDataset:
     local = Path(name).expanduser()
     with _quiet_datasets():
         if local.exists():
+            _check_dataset_folder(local, name)
             try:
                 if (local / "dataset_dict.json").is_file() or (local / "state.json").is_file():
                     loaded = datasets.load_from_disk(str(local))
@@ -325,6 +361,27 @@ def open_dataset(collection: Collection) -> OpenedDataset:
         if problem:
             raise UsageError(f"--dataset {name}: {problem}")
     return opened
+
+
+def _check_dataset_folder(folder: Path, name: str) -> None:
+    """UsageError unless `folder` is a folder whose files are all regular ones: datasets opens the files it
+    finds there, and a FIFO would block it, a device never end (checked by stat, nothing opened)."""
+    try:
+        regular_file(folder)
+    except IsADirectoryError:
+        pass
+    except NotRegularFile as exc:
+        raise UsageError(f"--dataset {name}: {exc}") from None
+    else:
+        raise UsageError(f"--dataset {name}: a file, not a dataset's folder (give the folder that holds it)")
+    for root, _, files in os.walk(folder):
+        for file in files:
+            try:
+                regular_file(os.path.join(root, file))
+            except NotRegularFile as exc:
+                raise UsageError(f"--dataset {name}: {os.path.join(root, file)}: {exc}") from None
+            except OSError:
+                pass  # a dangling link: datasets says so if it needs the file
 
 
 def _from_hub(datasets, name: str, split: str | None):

@@ -16,8 +16,18 @@ the command decodes is an item keyed `SHARD:MEMBER` (the shard keyed as a file w
 a walked folder), so keys stay unique across shards whose sample keys repeat; its metadata has `member` (the
 member's name) and, from its sample's sidecars, `caption` (the `.txt` member's text) and `json` (the `.json`
 member, parsed; its text when it does not parse), so the output joins back to the dataset. Other members are
-counted as skipped, like files a folder walk passes over. A sample is held until its last member is read, at most
-MAX_SAMPLE_BYTES (a larger one gives its items the sidecars read so far).
+counted as skipped, like files a folder walk passes over, and are not read. A sample is held until its last member
+is read, at most MAX_SAMPLE_BYTES (a larger one gives its items the sidecars read so far).
+
+Memory is bounded by the member's header, before its data is read: a member larger than the collection's
+`max_item_bytes` fails under its key, unread. A GNU sparse member (its holes are not stored: a 40 KB shard can
+declare a 10 GiB member) is measured by its expanded size, so one over the limit is refused the same way, and one
+within it is read into a buffer of that size (its stored chunks placed at their offsets), never more. Members that
+are no regular files are counted in `skipped` by kind (`SkippedMember`: directory, symlink, hardlink, fifo,
+character device, block device), for the run's note; a symbolic or hard link is followed only to a regular member
+that comes earlier in the same shard (a hard link always does; tar stores the data once, at the first name), and
+read from there as that member; a link that leads anywhere else (outside the shard: absolute, or climbing out with
+`..`; to no member; to a later one) is not followed.
 
 A shard that stops early is named: a member whose data is cut fails under its key; a shard that ends between
 members without tar's end-of-archive marker fails under the shard's own key ("truncated"); a corrupt header is a
@@ -37,8 +47,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gemma_embed.media import MediaBytes
-from gemma_embed.sources.base import Source
+from gemma_embed.media import MediaBytes, NotRegularFile, regular_file
+from gemma_embed.sources.base import SkippedMember, Source, item_too_large
 
 SUFFIXES = (".tar",)
 SIDECARS = {"txt": "caption", "json": "json"}  # a sample's field -> the metadata key its text goes to
@@ -62,8 +72,16 @@ def sample_key(name: str) -> tuple[str, str]:
 @dataclass
 class _Member:
     name: str
-    data: bytes | None = None  # None when not read (counting) or when it could not be read
+    data: MediaBytes | None = None  # None when not read (counting, not wanted) or when it could not be read
     error: str | None = None
+
+
+@dataclass
+class _NotAFile:
+    """A member that is no regular file (nor a link followed to one): skipped, counted by kind."""
+
+    name: str
+    kind: str
 
 
 @dataclass
@@ -81,11 +99,16 @@ class _Sample:
 
 
 def members(
-    path: Path, shard_key: str, wanted: frozenset[str], skipped: Counter | None = None, read: bool = True
+    path: Path,
+    shard_key: str,
+    wanted: frozenset[str],
+    skipped: Counter | None = None,
+    read: bool = True,
+    max_bytes: int | None = None,
 ) -> Iterator[Source]:
     """The items of one shard, in member order: each member with a `wanted` extension (its bytes, its sample's
-    sidecars), then failures as they are met. With `read=False` only the headers are read (members' data is
-    skipped by seeking): what is yielded is only good for counting."""
+    sidecars), then failures as they are met; a member over `max_bytes` fails unread. With `read=False` only the
+    headers are read (members' data is skipped by seeking): what is yielded is only good for counting."""
     sample = _Sample()
     seen: set[str] = set()
 
@@ -103,12 +126,11 @@ def members(
                 continue
             seen.add(member.name)
             if _wanted(member.name, wanted) or member.error is not None:
-                data = MediaBytes(member.data, posixpath.basename(member.name)) if member.data is not None else None
                 yield Source(
                     f"{shard_key}:{member.name}",
                     str(path),
                     error=member.error,
-                    data=data,
+                    data=member.data,
                     meta={"member": member.name, **meta} if member.error is None else {},
                 )
             elif not (takes and sample_key(member.name)[1].lower() in SIDECARS) and skipped is not None:
@@ -116,10 +138,14 @@ def members(
         sample.members.clear()
         sample.size = 0
 
-    for event in _read_shard(path, read):
+    for event in _read_shard(path, read, wanted, max_bytes):
         if isinstance(event, _Problem):
             yield from flush()
             yield Source(shard_key, str(path), error=event.message)
+            continue
+        if isinstance(event, _NotAFile):
+            if skipped is not None:
+                skipped[SkippedMember(shard_key, event.kind)] += 1
             continue
         key = sample_key(event.name)[0]
         if key != sample.key or sample.size > MAX_SAMPLE_BYTES:
@@ -136,6 +162,11 @@ def _suffix(name: str) -> str:
 
 def _wanted(name: str, wanted: frozenset[str]) -> bool:
     return _suffix(name) in wanted
+
+
+def _read_for(name: str, wanted: frozenset[str]) -> bool:
+    """Whether a member's data is read: an item, or a sidecar (a caption, JSON) its sample's items may take."""
+    return _wanted(name, wanted) or sample_key(name)[1].lower() in SIDECARS
 
 
 def _sidecar_meta(sample: list[_Member]) -> dict:
@@ -159,9 +190,51 @@ def _sidecar_meta(sample: list[_Member]) -> dict:
 # ------------------------------------------------------------------------------------------ reading a shard
 
 
-def _read_shard(path: Path, read: bool) -> Iterator[_Member | _Problem]:
-    """Regular-file members in order (with their bytes when `read`), and a _Problem wherever the shard stops
-    making sense; after a corrupt header, reading goes on at the next valid one."""
+@dataclass(frozen=True, slots=True)
+class _Data:
+    """Where a regular member's data lies in the shard: what a link to it reads (one is kept per regular member
+    read so far, so it is small)."""
+
+    offset: int
+    size: int  # expanded size for a sparse member
+    sparse: tuple[tuple[int, int], ...] | None  # (offset, length) of each stored chunk of a sparse member
+
+    @property
+    def stored(self) -> int:
+        return self.size if self.sparse is None else sum(length for _, length in self.sparse)
+
+
+class _Cut(Exception):
+    """The shard ends inside a member's data."""
+
+    def __init__(self, have: int):
+        self.have = have
+
+
+# tarfile's member types that are no regular files, as the skipped note names them.
+_KINDS = {
+    tarfile.DIRTYPE: "directory",
+    tarfile.SYMTYPE: "symlink",
+    tarfile.LNKTYPE: "hardlink",
+    tarfile.FIFOTYPE: "fifo",
+    tarfile.CHRTYPE: "character device",
+    tarfile.BLKTYPE: "block device",
+}
+
+
+def _read_shard(
+    path: Path, read: bool, wanted: frozenset[str] = frozenset(), max_bytes: int | None = None
+) -> Iterator[_Member | _NotAFile | _Problem]:
+    """Regular-file members in order (with their bytes when `read` and the member is an item or a sidecar),
+    members that are no files, and a _Problem wherever the shard stops making sense; after a corrupt header,
+    reading goes on at the next valid one."""
+    try:
+        regular_file(path, "a tar shard")
+    except NotRegularFile as exc:
+        yield _Problem(str(exc))
+        return
+    except OSError:
+        pass  # open says why, below
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed below; a generator must own its file
     except OSError as exc:
@@ -170,6 +243,7 @@ def _read_shard(path: Path, read: bool) -> Iterator[_Member | _Problem]:
     with fh:
         start = 0
         last = None  # the last member read, for messages
+        regular: dict[str, _Data] = {}  # the regular members so far, by normalised name: where links lead
         while start is not None:
             fh.seek(start)
             try:
@@ -193,23 +267,79 @@ def _read_shard(path: Path, read: bool) -> Iterator[_Member | _Problem]:
                     start = yield from _after_end(fh, archive.offset, last)
                     break
                 archive.members.clear()  # tarfile keeps every header it reads; a long shard must not grow memory
-                if not info.isreg():
+                if info.isreg():
+                    sparse = tuple(tuple(chunk) for chunk in info.sparse) if info.sparse is not None else None
+                    data = regular[posixpath.normpath(info.name)] = _Data(info.offset_data, info.size, sparse)
+                elif info.issym() or info.islnk():
+                    data = _link_target(info, regular)
+                    if data is None:
+                        yield _NotAFile(info.name, _KINDS[info.type])
+                        continue
+                else:
+                    yield _NotAFile(info.name, _KINDS.get(info.type, "other"))
                     continue
                 last = info.name
+                if not _read_for(info.name, wanted):
+                    yield _Member(info.name)
+                    continue
+                if max_bytes is not None and data.size > max_bytes:
+                    what = "the member" if data.sparse is None else f"the sparse member ({data.stored} bytes stored)"
+                    yield _Member(info.name, error=item_too_large(data.size, max_bytes, what))
+                    continue
                 if not read:
                     yield _Member(info.name)
                     continue
                 try:
-                    data = archive.extractfile(info).read()
-                except (tarfile.ReadError, EOFError, OSError):
-                    have = max(0, fh.seek(0, 2) - info.offset_data)
+                    content = _read_data(fh, data)
+                except _Cut as cut:
                     yield _Member(
                         info.name,
-                        error=f"truncated shard: the member's data is cut after {have} of {info.size} bytes; "
+                        error=f"truncated shard: the member's data is cut after {cut.have} of {data.stored} bytes; "
                         f"nothing after it can be read",
                     )
                     return
-                yield _Member(info.name, data)
+                except ValueError as exc:  # a sparse map that does not fit its member
+                    yield _Member(info.name, error=str(exc))
+                    continue
+                member = _Member(info.name, MediaBytes(content, posixpath.basename(info.name)))
+                del content  # before yielding: the MediaBytes is the one copy held while the item waits
+                yield member
+
+
+def _link_target(info: tarfile.TarInfo, regular: dict[str, _Data]) -> _Data | None:
+    """The data of the earlier regular member of this shard a link leads to; None when it leads anywhere else.
+    A symbolic link's target is relative to the link's own folder, a hard link's to the archive's root."""
+    if posixpath.isabs(info.linkname):
+        return None
+    base = posixpath.dirname(info.name) if info.issym() else ""
+    target = posixpath.normpath(posixpath.join(base, info.linkname))
+    if target == ".." or target.startswith("../"):
+        return None
+    return regular.get(target)
+
+
+def _read_data(fh, data: _Data) -> bytes | bytearray:
+    """A regular member's bytes, read straight from the shard (no copy through tarfile's reader). A sparse
+    member's stored chunks are read into a zeroed buffer of its expanded size (checked against the limit before)."""
+    fh.seek(data.offset)
+    if data.sparse is None:
+        content = fh.read(data.size)
+        if len(content) < data.size:
+            raise _Cut(len(content))
+        return content
+    content = bytearray(data.size)
+    view = memoryview(content)
+    have = 0
+    for offset, length in data.sparse:
+        if offset < 0 or length < 0 or offset + length > data.size:
+            raise ValueError(
+                f"corrupt sparse member: a chunk of {length} bytes at {offset} lies outside its {data.size} bytes"
+            )
+        got = fh.readinto(view[offset : offset + length])
+        have += got
+        if got < length:
+            raise _Cut(have)
+    return content
 
 
 def _truncated(last: str | None) -> str:

@@ -8,19 +8,18 @@ content like any other item. A line that is not UTF-8 is a failed item, named by
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import IO
 
+from gemma_embed.interrupts import responsive
+from gemma_embed.media import NotRegularFile, regular_file
 from gemma_embed.sources.base import Source
-
-# What a folder walk takes for the text command (files named explicitly are taken whatever their extension).
-TEXT_EXTENSIONS = frozenset({".txt", ".text", ".md"})
+from gemma_embed.sources.files import TEXT_EXTENSIONS, process_stdin, split_stream
 
 
-def numbered_lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+def numbered_lines(stream: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
     """(line number, line without its line break) for every line that is not blank."""
     for number, line in enumerate(stream, start=1):
         line = line.rstrip(b"\r\n")
@@ -35,7 +34,14 @@ def iter_text_sources(
     ext: Iterable[str] | None = None,
     skipped: Counter | None = None,
 ) -> Iterator[Source]:
-    """Text items in input order, lazily: files and walked folders through `iter_sources`, `-` as lines."""
+    """Text items in input order, lazily: files and walked folders through `iter_sources`, `-` as lines. A run's
+    stop signal ends a wait for the next line however long it blocks (`interrupts.responsive`)."""
+    return responsive(_text_sources(inputs, stdin, per_file, ext, skipped))
+
+
+def _text_sources(
+    inputs: Iterable[str], stdin: IO | None, per_file: bool, ext: Iterable[str] | None, skipped: Counter | None
+) -> Iterator[Source]:
     from gemma_embed.sources import iter_sources  # the package's entry point, which imports this module's peers
 
     walked = tuple(ext) if ext else tuple(sorted(TEXT_EXTENSIONS))
@@ -54,11 +60,14 @@ def iter_text_sources(
                 yield numbered(file)
                 continue
             try:
+                regular_file(file.path, "a text file")
                 with open(file.path, "rb") as fh:
                     for line_number, line in numbered_lines(fh):
                         yield numbered(
                             Source(f"{file.key}:{line_number}", file.path, data=line, meta={"line": line_number})
                         )
+            except NotRegularFile as exc:
+                yield numbered(replace(file, error=str(exc)))
             except OSError as exc:
                 yield numbered(replace(file, error=f"cannot read: {exc.strerror or exc}"))
         pending.clear()
@@ -68,8 +77,8 @@ def iter_text_sources(
             pending.append(given)
             continue
         yield from files()
-        stream = stdin if stdin is not None else sys.stdin.buffer
-        for line_number, line in numbered_lines(_binary(stream)):
+        lines = split_stream(process_stdin(), b"\n") if stdin is None else _binary(stdin)
+        for line_number, line in numbered_lines(lines):
             yield numbered(Source(f"stdin:{line_number}", "-", data=line, meta={"line": line_number}))
     yield from files()
 

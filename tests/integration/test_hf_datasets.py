@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import datasets
 import pyarrow as pa
@@ -19,6 +20,7 @@ from typer.testing import CliRunner
 import gemma_embed
 from gemma_embed.cli import app
 from gemma_embed.errors import UsageError
+from gemma_embed.sources import Collection, iter_sources
 
 NAMES = list(IMAGES)
 IMAGE_STRUCT = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # how datasets stores an Image cell
@@ -95,7 +97,12 @@ def test_a_folder_of_data_files_is_streamed_offline_and_path_cells_name_files(sa
     _no_network(monkeypatch)
     folder = str(saved["root"] / "data-files")
     out = saved["root"] / "data-files.safetensors"
-    code, _, err = run_images([], MODEL, out, dataset=folder, column="image", **OPTIONS)
+    # The cells name files beside the dataset's folder, not in it: refused by key unless outside paths are allowed.
+    refused = list(iter_sources([], "images", collection=Collection("image", dataset=folder)))
+    assert [s.error.split(", outside ")[-1] for s in refused] == [
+        f"{Path(folder).resolve()}: not opened (--allow-outside-paths opens paths outside the table's folder)"
+    ] * len(NAMES)
+    code, _, err = run_images([], MODEL, out, dataset=folder, column="image", allow_outside_paths=True, **OPTIONS)
     assert code == 0, err
     key_of = {name: f"{folder}:train:{row}" for row, name in enumerate(NAMES)}
     items = assert_same_rows(out, saved["reference"], key_of)

@@ -1,0 +1,156 @@
+"""The command line against hostile inputs: a shard with a sparse 3 GiB member, a FIFO named .tar and /dev/zero
+linked as .parquet, a stop signal while the path list on stdin waits for more. Nothing hangs, memory stays low,
+what is done is saved."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from helpers import EXE, PEAK_RSS_WRAPPER, SAMPLE_MODEL, run_images, write_image
+from tar_helpers import gnu_sparse_member, gnu_tar, regular, sparse_file, write_tar
+
+import gemma_embed
+
+MODEL = SAMPLE_MODEL
+GiB = 1 << 30
+
+
+def _errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.slow
+def test_a_sparse_3_gib_member_is_a_failure_and_peak_rss_stays_under_1_5_gb(tmp_path):
+    """The shard is 20 KB; read whole (as tarfile's extractfile().read() did), the member was 3 GiB of zeros in
+    memory, twice. Measured here: the run's peak RSS, and the member refused from its header."""
+    image = write_image(tmp_path / "a.png", 64, 48, 0).read_bytes()
+    crafted = write_tar(
+        tmp_path / "crafted.tar", [gnu_sparse_member("big.png", 3 * GiB, [(GiB, b"x" * 4096)]), regular("a.png", image)]
+    )
+    shards = [crafted]
+    if gnu_tar():  # the same, written by GNU tar itself (pax sparse 1.0) from a sparse file
+        folder = tmp_path / "files"
+        folder.mkdir()
+        sparse_file(folder / "big.png", 3 * GiB, [(GiB, b"x" * 4096)])
+        (folder / "a.png").write_bytes(image)
+        shards.append(tmp_path / "gnu.tar")
+        command = [gnu_tar(), "--sparse", "--format=posix", "-cf", str(shards[-1]), "big.png", "a.png"]
+        subprocess.run(command, cwd=folder, check=True)
+    assert all(shard.stat().st_size < 64_000 for shard in shards)
+    out = tmp_path / "out.safetensors"
+    # --memory-budget 2GiB makes the default item limit 512 MiB on any host (a quarter of the budget).
+    # fmt: off
+    args = [
+        EXE, "images", *map(str, shards), "--model", str(MODEL), "-o", str(out), "--max-soft-tokens", "70",
+        "--memory-budget", "2GiB", "--jsonl",
+    ]
+    # fmt: on
+    listing = tmp_path / "empty.txt"
+    listing.write_text("")
+    proc = subprocess.run([sys.executable, "-c", PEAK_RSS_WRAPPER, str(listing), *args], capture_output=True, text=True)
+    result = json.loads(proc.stdout)
+    peak = result["peak"]
+    print(f"peak RSS with a sparse 3 GiB member in each of {len(shards)} shards: {peak / 2**20:.0f} MiB")
+    assert result["code"] == 1, result["stderr"]
+    assert _errors(result["stderr"]) == [
+        f"error: {shard}:big.png: the sparse member (4096 bytes stored) is 3.0 GiB (3221225472 bytes), over the "
+        f"512.0 MiB an item may have; not read (--max-item-bytes raises the limit)"
+        for shard in shards
+    ]
+    assert list(gemma_embed.load(out)) == [f"{shard}:a.png" for shard in shards]
+    assert peak < 1.5e9
+
+
+def test_a_fifo_named_tar_and_dev_zero_linked_as_parquet_are_one_line_each(tmp_path):
+    os.mkfifo(tmp_path / "pipe.tar")
+    os.symlink("/dev/zero", tmp_path / "zero.parquet")
+    good = write_image(tmp_path / "good.png", 64, 48, 0)
+    out = tmp_path / "out.safetensors"
+    started = time.monotonic()
+    # fmt: off
+    proc = subprocess.run(
+        [
+            EXE, "images", str(tmp_path / "pipe.tar"), str(tmp_path / "zero.parquet"), str(good), "--column", "image",
+            "--model", str(MODEL), "-o", str(out), "--max-soft-tokens", "70", "--max-item-bytes", "64MiB",
+            "--allow-outside-paths",
+        ],
+        capture_output=True, text=True, timeout=120,
+    )
+    # fmt: on
+    print(f"the run took {time.monotonic() - started:.1f} s")  # before: killed after 760 s, never ending
+    assert proc.returncode == 1, proc.stderr
+    assert _errors(proc.stderr) == [
+        f"error: {tmp_path / 'pipe.tar'}: not a regular file (a FIFO); not opened",
+        f"error: {tmp_path / 'zero.parquet'}: not a regular file (a symbolic link to /dev/zero, a character device); "
+        f"not opened",
+    ]
+    assert list(gemma_embed.load(out)) == [str(good)]
+
+    bad = subprocess.run([EXE, "images", str(good), "--max-item-bytes", "30%"], capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert "--max-item-bytes" in bad.stderr and "not a share" in bad.stderr
+
+
+def test_sigterm_while_the_path_list_on_stdin_waits_saves_what_is_done(tmp_path):
+    """`producer | gemma-embed images -` where the producer stops writing but keeps the pipe open: the first
+    items are embedded and saved, then the run waits on stdin; SIGTERM ends it at once (the handler's flag
+    alone was never read by the blocked main thread), exit 143, and --resume finishes it."""
+    images = [write_image(tmp_path / f"img{i}.png", 64 + 8 * i, 48, i) for i in range(4)]
+    listing = "".join(f"{path}\n" for path in images)
+    reference = tmp_path / "reference.safetensors"
+    assert run_images(["-"], MODEL, reference, stdin=io.StringIO(listing), max_soft_tokens=70)[0] == 0
+
+    out = tmp_path / "out.safetensors"
+    parts = out.with_name(out.name + ".parts")
+    options = ["--model", str(MODEL), "-o", str(out), "--max-soft-tokens", "70", "--device", "cpu"]
+    proc = subprocess.Popen(
+        [EXE, "images", "-", *options, "--flush-every", "1", "--workers", "1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    said: list[tuple[float, str]] = []  # (when, line) of stderr
+    reader = threading.Thread(target=lambda: said.extend((time.monotonic(), line.decode()) for line in proc.stderr))
+    reader.start()
+    try:
+        proc.stdin.write("".join(f"{path}\n" for path in images[:2]).encode())
+        proc.stdin.flush()  # and no more: the pipe stays open
+        deadline = time.monotonic() + 120
+        while len(list(parts.glob("part-*.safetensors"))) < 2:  # one part per item at --flush-every 1
+            assert proc.poll() is None, said
+            assert time.monotonic() < deadline, "the first two items were never saved"
+            time.sleep(0.05)
+        time.sleep(1)  # the run is waiting for the third path now
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        code = proc.wait(timeout=60)  # the interpreter's own exit takes seconds on a busy machine
+    finally:
+        proc.kill()  # a run that swallowed the signal (as before) must not outlive the test
+        proc.stdin.close()
+        reader.join()
+    assert code == 143, said
+    ((noted, note),) = [(when, line) for when, line in said if "interrupted" in line]
+    assert note == (
+        f"note: interrupted by SIGTERM: 2 items are saved in {parts}; run the same command with --resume to finish\n"
+    )
+    assert noted - signalled < 5
+    assert not any("Traceback" in line or "Fatal" in line for _, line in said), said
+
+    resumed = subprocess.run(
+        [EXE, "images", "-", *options, "--resume", "--jsonl"], input=listing, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    statuses = [json.loads(line).get("status") for line in resumed.stdout.splitlines()]
+    assert statuses.count("resumed") == 2 and statuses.count("ok") == 2
+    ours, theirs = gemma_embed.load(out), gemma_embed.load(reference)
+    assert list(ours) == list(theirs) == [str(path) for path in images]
+    assert all(torch.equal(ours[key], theirs[key]) for key in theirs)
