@@ -342,7 +342,7 @@ class _Dense(torch.nn.Module):
 
 def _load_head(checkpoint: Checkpoint, setup: SentenceTransformerSetup, device) -> list:
     """Dense modules (float32, strict, from their safetensors) and NORMALIZE markers, in module order."""
-    from gemma_embed.models.loading import build_without_init, load_module
+    from gemma_embed.models.loading import build_without_init, load_module, open_weights
 
     head: list = []
     for step in setup.head:
@@ -353,9 +353,7 @@ def _load_head(checkpoint: Checkpoint, setup: SentenceTransformerSetup, device) 
         path = checkpoint.file_for(relative)
         if not Path(path).is_file():
             raise CheckpointError(f"{checkpoint.source}: no {relative} (only safetensors weights are read)")
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as fh:
+        with open_weights(checkpoint.source, relative, path) as fh:  # a pickle in disguise is one line
             tensors = {key: fh.get_tensor(key) for key in fh.keys()}
         module, dtypes = build_without_init(lambda step=step: _Dense(step), torch.float32)
         module = load_module(module, dtypes, tensors, relative, device)
