@@ -92,17 +92,20 @@ def test_frames_of_different_videos_share_device_batches(tmp_path, gemma4_dir, v
 def test_pool_frame_mean_and_tower_space(tmp_path, gemma4_dir, video_dir, reference_model, video_processor):
     names = ["clip-h264.mp4", "rotated-mpeg4.mp4", "one-frame.avi"]
     inputs = [video_dir / n for n in names]
+    # Pooling is over whatever frames were sampled: 6 of them show it as well as 32 (sampling has its own tests).
+    sampled = {"modality": "video", "max_frames": 6}
     outs = {pool: tmp_path / f"{pool}.safetensors" for pool in ("frame", "mean")}
     for pool, out in outs.items():
-        assert run_images(inputs, gemma4_dir, out, modality="video", pool=pool)[0] == 0
+        assert run_images(inputs, gemma4_dir, out, pool=pool, **sampled)[0] == 0
     tower_out = tmp_path / "tower.safetensors"
-    assert run_images(inputs, gemma4_dir, tower_out, modality="video", space="tower")[0] == 0
+    assert run_images(inputs, gemma4_dir, tower_out, space="tower", **sampled)[0] == 0
     per_frame, mean, tower = (gemma_embed.load(p) for p in (outs["frame"], outs["mean"], tower_out))
     items = items_by_key(outs["frame"])
     assert gemma_embed.read_metadata(outs["frame"])["pooling"] == "frame"
     for path, name in zip(inputs, names, strict=True):
         meta = items[str(path)]
         ref = reference_video_rows(reference_model, video_processor, path, meta)
+        assert meta["frames"] == (1 if name == "one-frame.avi" else 6)
         frames = ref.reshape(meta["frames"], meta["rows_per_frame"], -1)
         assert per_frame[str(path)].shape == (meta["frames"], ref.shape[1])
         assert rel_error(per_frame[str(path)], frames.mean(dim=1)) < 1e-5, name
