@@ -47,6 +47,7 @@ class Loaded:
     checkpoint: object
     stages: ModalityStages
     dtype_reason: str = ""
+    host: memory.HostPlan | None = None  # host memory shared out: model, decode side, encode (on a CPU)
 
 
 def _load(config: RunConfig, local_rank: int = 0) -> Loaded:
@@ -64,7 +65,10 @@ def _load(config: RunConfig, local_rank: int = 0) -> Loaded:
     stored = stored_dtype(checkpoint) if config.dtype == "auto" else (None, "")  # auto: the checkpoint's dtype
     choice = choose_dtype(config.dtype, device, *stored)
     stages = build_modality(config, checkpoint, device, choice.dtype)
-    return Loaded(budget_spec, device, choice.dtype, checkpoint, stages, choice.reason)
+    on_cpu = device.type == "cpu"
+    model = memory.resident_bytes(stages.tower, stages.second) if on_cpu else 0
+    host = memory.host_plan(*memory.device_memory("cpu"), budget_spec, model, host_is_device=on_cpu)
+    return Loaded(budget_spec, device, choice.dtype, checkpoint, stages, choice.reason, host)
 
 
 def _header(config: RunConfig, loaded: Loaded) -> dict[str, str]:
@@ -97,7 +101,8 @@ class Encoders:
         def engine(tower, space) -> Engine | None:
             if tower is None:
                 return None
-            return Engine(tower, space, loaded.budget_spec, config.batch_size, reporter, should_stop)
+            spec = loaded.host.chunk_spec(loaded.budget_spec)
+            return Engine(tower, space, spec, config.batch_size, reporter, should_stop)
 
         stages = loaded.stages
         if stages.second is None:
@@ -175,7 +180,14 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> RunR
             encoders = Encoders.build(config, loaded, reporter, stop.check)
             try:
                 _embed_all(
-                    config, loaded.stages, encoders, writer, sources, _Finisher(config, writer, reporter, result), stop
+                    config,
+                    loaded.stages,
+                    encoders,
+                    writer,
+                    sources,
+                    _Finisher(config, writer, reporter, result),
+                    stop,
+                    host_budget=loaded.host.decode,
                 )
             except Interrupted as interrupted:
                 store.guarded_write(writer.flush, writer.parts)
@@ -310,6 +322,7 @@ def _embed_all(
     sources: Iterable[Source],
     finish: _Finisher,
     stop,
+    host_budget: int | None = None,
 ) -> None:
     window_items = max(1, min(stages.window_items or WINDOW_ITEMS, config.flush_every))
     pacer = encoders.pacer
@@ -322,6 +335,7 @@ def _embed_all(
         lookup=writer.find_reusable if config.resume else None,
         overlap=overlap,
         enough_work=lambda units, work: pacer.enough_work(units, work, WINDOW_SECONDS),
+        host_budget=host_budget,
     )
     try:
         for window in windows:
@@ -356,7 +370,7 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> dic
     lengths: dict[Engine, list[int]] = {engine: [] for engine in encoders.engines}
     failures = []
     with capture.Capture(reporter):
-        for window in prepared_stream(loaded.stages, sources, config.workers):
+        for window in prepared_stream(loaded.stages, sources, config.workers, host_budget=loaded.host.decode):
             for p in window:
                 if p.error:
                     failures.append(p.error.as_record())
@@ -384,6 +398,7 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None) -> dic
         "free_memory": free,
         "total_memory": total,
         "budget": memory.budget(free, total, loaded.budget_spec),
+        "host": loaded.host.as_dict(),
         "items": len(sources),
         "skipped": sum(skipped.values()),
         "units": sum(len(v) for v in lengths.values()),
