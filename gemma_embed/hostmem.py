@@ -133,6 +133,7 @@ class DecodeRoom:
         self._passed: set[int] = set()  # tickets that ended without asking, ahead of the turn
         self._waiting: set[int] = set()  # tickets waiting in `reserve`
         self._force: int | None = None  # the ticket let through over the budget
+        self._paused = False
         self._closed = False
 
     # -------------------------------------------------------------------- the decode threads' side
@@ -144,7 +145,9 @@ class DecodeRoom:
             self._waiting.add(ticket)
             self._cond.notify_all()  # the stream may be waiting to see whether this item is stuck
             try:
-                self._cond.wait_for(lambda: self._closed or (self._turn == ticket and self._fits(ticket, nbytes)))
+                self._cond.wait_for(
+                    lambda: self._closed or (not self._paused and self._turn == ticket and self._fits(ticket, nbytes))
+                )
             finally:
                 self._waiting.discard(ticket)
             if self._closed:
@@ -196,6 +199,17 @@ class DecodeRoom:
                 self._cond.notify_all()
                 self._cond.wait_for(lambda: future.done() or self._force is None)
 
+    def pause(self) -> None:
+        """Admit nothing more until `resume`, and return once the decodes running now have ended."""
+        with self._cond:
+            self._paused = True
+            self._cond.wait_for(lambda: self.decoding == 0 or self._closed)
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
     def wake(self, *_) -> None:
         """Wake the stream (a future's done-callback)."""
         with self._cond:
@@ -210,7 +224,7 @@ class DecodeRoom:
     # -------------------------------------------------------------------- inside the lock
 
     def _stuck(self) -> bool:
-        return self.decoding == 0 and self._turn in self._waiting
+        return self.decoding == 0 and self._turn in self._waiting and not self._paused
 
     def _fits(self, ticket: int, nbytes: int) -> bool:
         return self.held + nbytes <= self.capacity or self._force == ticket

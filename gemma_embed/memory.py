@@ -218,10 +218,11 @@ def gemma3n_audio_item_cost(
 #   admits an item only while these fit, so workers wait for room;
 # - the encode side: one chunk's modelled transient (the engines plan chunks within it).
 # The decode and encode sides share what the model leaves by a fixed split, not by what is free at the moment:
-# they coexist (the window being encoded is held during its forward, and workers decode the next items beside
-# it), and a split decided once can never count the same bytes twice. Half each: one chunk's transient on a CPU
-# is a few hundred MiB at most for a release-size tower at 280 tokens a unit (bench/MEMORY.md), and the decode side
-# needs room for a few decodes of large images at once (a 24-megapixel photo peaks at 0.3-0.5 GiB).
+# they coexist (the window being encoded is held during its forward, and workers may decode the next items beside
+# it), and a split decided once can never count the same bytes twice. Half each: on a CPU the chunk size barely
+# changes the speed (bench/README.md: chunks of 1, 2 and 4 images within 2% of each other, 8 10% slower), so the
+# encode side needs little more than one unit's transient, while the decode side needs room for a few large decodes
+# at once to keep its workers busy (a 24-megapixel photo peaks at 0.3-0.5 GiB, below).
 # On an accelerator --memory-budget is the device's; the decode side then gets the default rule's share of host
 # memory (nothing else of the run's is large on the host there).
 HOST_DECODE_SHARE = 0.5
@@ -266,15 +267,18 @@ def host_plan(free: int, total: int, spec: BudgetSpec, model_bytes: int, host_is
 
 # Peak host memory of one image through `media.image.decode_image` and the Gemma 4 image preparer, per pixel of
 # the file (width x height), measured with VmHWM in a fresh process (mmap threshold pinned, as the CLI runs), Pillow
-# 13.0, transformers 5.24 (bench/bench_memory.py --decode; bench/MEMORY.md has the table):
+# 13.0, transformers 5.24 (`python -m bench.bench_memory --decode`; bench/MEMORY.md has the table):
 # - files transformers' conversion leaves as they are (RGB without transparency): 14.0 B/px for PNG, JPEG and TIFF
-#   at 3000x3000 and 9400x9400 (the decoded image, 4 B/px in Pillow, held while the processor makes its own RGB
-#   copy, 4 B/px, and turns that into a numpy array through a bytes copy, 3 + 3), 16.0 for WebP (libwebp's buffer);
-# - files it composites onto white (an alpha band or a transparency entry: RGBA, LA, PA, P or RGB with tRNS):
-#   22.0 B/px (the RGBA copy, the white background, the composite and their numpy copies); 19.0 for P with tRNS.
-# Other conversions (L, 1, P, I;16, CMYK) peak at 14.0, in the processor, as RGB files do.
-IMAGE_PEAK_BYTES_PER_PIXEL = 16
-IMAGE_COMPOSITED_PEAK_BYTES_PER_PIXEL = 22
+#   at 2000x2000, 3000x3000 and 9400x9400 (the decoded image, 4 B/px in Pillow, held while the processor makes its
+#   own RGB copy, 4 B/px, and turns that into a numpy array through a bytes copy, 3 + 3); 16.0-16.2 for WebP
+#   (libwebp's own buffer);
+# - files it composites onto white (an alpha band or a transparency entry): 22.0 B/px for RGBA and LA PNGs and RGB
+#   PNGs with tRNS (the RGBA copy, the white background, the composite and their numpy copies), 19.0 for P with
+#   tRNS, 16.0 for RGBA WebP.
+# Other conversions (L, 1, P, I;16, CMYK) peak at 14.0, in the processor, as RGB files do. The constants are the
+# worst of each kind plus about 5% (page rounding, the small allocations around), and a test holds them there.
+IMAGE_PEAK_BYTES_PER_PIXEL = 17
+IMAGE_COMPOSITED_PEAK_BYTES_PER_PIXEL = 23
 
 
 def image_decode_peak(width: int, height: int, composited: bool) -> int:
