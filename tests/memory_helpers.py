@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,22 +48,39 @@ _CLI = textwrap.dedent("""
 """)
 
 
-def cli_peak(args: list[str], root: Path = ROOT, timeout: float = 900) -> dict:
+def cli_peak(args: list[str], root: Path = ROOT, timeout: float = 900, cap: int | None = None) -> dict:
     """Run `gemma-embed ARGS` with the package of `root` in a fresh process: {"code", "stderr", "peak", "loaded"}
-    (bytes; "loaded" is missing when the run never started decoding)."""
+    (bytes; "loaded" is missing when the run never started decoding). With `cap` (bytes) the process is killed
+    once its RSS passes it (sampled every 50 ms): then {"killed": True, "peak": at least cap}."""
     with tempfile.TemporaryDirectory() as tmp:
-        marks = Path(tmp) / "peak.json"
+        marks, errors = Path(tmp) / "peak.json", Path(tmp) / "stderr"
         env = {**os.environ, "PYTHONPATH": str(root), "GEMMA_EMBED_PEAK_FILE": str(marks)}
-        proc = subprocess.run(
-            [sys.executable, "-c", _CLI, *map(str, args)],
-            env=env,
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        with open(errors, "w") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _CLI, *map(str, args)],
+                env=env,
+                cwd=root,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+            killed, started = False, time.monotonic()
+            while proc.poll() is None:
+                if cap is not None and _rss(proc.pid) > cap or time.monotonic() - started > timeout:
+                    proc.kill()
+                    killed = True
+                time.sleep(0.05)
         measured = json.loads(marks.read_text()) if marks.exists() else {}
-    return {"code": proc.returncode, "stderr": proc.stderr, **measured}
+        result = {"code": proc.returncode, "stderr": errors.read_text(), **measured}
+    if killed:
+        result.update(killed=True, peak=max(cap or 0, result.get("peak", 0)))
+    return result
+
+
+def _rss(pid: int) -> int:
+    try:
+        return int(re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text()).group(1)) * 1024
+    except (OSError, AttributeError):
+        return 0
 
 
 # One file through the modality's decoder and preparer (built as a run builds them), in a process whose mmap
