@@ -7,8 +7,8 @@ alpha band or a `transparency` entry (RGBA, LA, PA, P or L with tRNS, and LAB, w
 composited onto white, every other mode goes through Pillow's `convert("RGB")` (CMYK, 1, I;16 and I clipped to
 0..255, F, YCbCr, ...). Calling that function, not a copy of it, keeps the two equal as transformers changes.
 An RGB image without transparency is the one case it leaves as it is (`convert("RGB")` of RGB is a plain copy):
-that image is returned without the round trip, which held four copies of the pixels at once (18 bytes a pixel at
-the peak against 8; memory.py has the measurements).
+that image is returned without the round trip, which held four copies of the pixels at once (the decode alone
+peaked at 18 bytes a pixel, now 8; with the processor's own copies 14: bench/MEMORY.md).
 (`transformers.image_utils.load_image`, used when a processor is handed a file path, converts with a plain
 `convert("RGB")` instead, which drops alpha without compositing; the processor's conversion is the one applied
 to the image itself, and the one the tests hold this decoder to.)
