@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from gemma_embed import capture
+from gemma_embed import capture, hostmem
 from gemma_embed.errors import ItemError
 from gemma_embed.models.base import PreparedItem
 from gemma_embed.sources import Source
@@ -99,10 +100,17 @@ def prepared_stream(
     lookup: Lookup | None = None,
     overlap: bool = True,
     enough_work: Callable[[int, int], bool] | None = None,
+    host_budget: int | None = None,
 ) -> Iterator[list[Prepared]]:
     """Windows of prepared items, in input order, each at most `window_items` items or `window_bytes` of
     prepared tensors, and closed early once `enough_work(units, work)` says the window's units and their
     summed length (patches, frames) are enough for the device for now, so the first items leave early.
+
+    With `host_budget` (bytes: the decode side's share, `memory.host_plan`), the items decoding and the prepared
+    items not yet done with fit in it: each decoder says its item's estimated peak once it has read the header
+    (`hostmem.admit`), and the worker waits until that fits (`hostmem.DecodeRoom`, in input order). When the next
+    item waits for room that only this window holds, the window is handed on early; an item larger than the whole
+    budget decodes alone. A window is done with when its consumer asks for the next one.
 
     Sources are pulled lazily. With `overlap`, worker threads keep decoding ahead while the caller encodes a
     window (the device works while the CPU decodes); how far ahead adapts to the items' size so that the work in
@@ -115,19 +123,42 @@ def prepared_stream(
 
     threads = torch.get_num_threads()  # the caller's (the encoder's) own count, fixed for it from now on
     try:
-        yield from _windows(modality, sources, workers, window_items, window_bytes, lookup, overlap, enough_work)
+        yield from _windows(
+            modality, sources, workers, window_items, window_bytes, lookup, overlap, enough_work, host_budget
+        )
     finally:
         torch.set_num_threads(threads)  # the default for later threads, which a decode thread's setup changed
 
 
-def _windows(modality, sources, workers, window_items, window_bytes, lookup, overlap, enough_work):
+def _decode_in_room(room: hostmem.DecodeRoom, ticket: int, modality, source: Source, lookup) -> Prepared:
+    """`decode_and_prepare` as item `ticket` of the room: what its decoder asks for (`hostmem.admit`) is held
+    while it decodes, then its prepared bytes until its window is done with."""
+    prepared = None
+    with hostmem.decode_slot(room, ticket) as slot:
+        try:
+            prepared = decode_and_prepare(modality, source, lookup)
+        finally:
+            room.finish(ticket, slot.reserved, prepared_nbytes(prepared) if prepared is not None else 0)
+    return prepared
+
+
+def _windows(modality, sources, workers, window_items, window_bytes, lookup, overlap, enough_work, host_budget):
     it = iter(sources)
     inflight: deque = deque()
     seen_items, seen_bytes = 0, 0
     window: list[Prepared] = []
+    room = hostmem.DecodeRoom(host_budget) if host_budget is not None else None
+    tickets = itertools.count()
     with ThreadPoolExecutor(
         max_workers=max(1, workers), thread_name_prefix="decode", initializer=one_intra_op_thread
     ) as pool:
+
+        def submit(source: Source):
+            if room is None:
+                return pool.submit(decode_and_prepare, modality, source, lookup)
+            future = pool.submit(_decode_in_room, room, next(tickets), modality, source, lookup)
+            future.add_done_callback(room.wake)
+            return future
 
         def top_up() -> None:
             average = seen_bytes / seen_items if seen_items else 0
@@ -139,22 +170,47 @@ def _windows(modality, sources, workers, window_items, window_bytes, lookup, ove
                 source = next(it, None)
                 if source is None:
                     return
-                inflight.append(pool.submit(decode_and_prepare, modality, source, lookup))
+                inflight.append(submit(source))
 
-        top_up()
-        size = units = work = 0
-        while inflight:
-            prepared = inflight.popleft().result()
-            nbytes = prepared_nbytes(prepared)
-            seen_items, seen_bytes = seen_items + 1, seen_bytes + nbytes
-            window.append(prepared)
-            size += nbytes
-            units += len(prepared.item.units) if prepared.item is not None else 0
-            work += prepared.work
-            full = len(window) >= window_items or size >= window_bytes
-            if full or (enough_work is not None and units > 0 and enough_work(units, work)):
+        def hand_on(window: list[Prepared], size: int):
+            if room is None:
                 yield window
-                window, size, units, work = [], 0, 0, 0
-            top_up()
-        if window:
+                return
+            if not overlap:
+                # Encoding on the CPU: no decode runs beside it. It would take the cores the encode's threads spin
+                # on, and inside the encode's heap_only() forwards (hostmem.py) its large blocks would come from
+                # the heap and stay there: measured, four 4000x4000 PNGs peaked at two images' worth above the
+                # loaded process instead of one.
+                room.pause()
             yield window
+            room.release(size)
+            room.resume()
+
+        try:
+            top_up()
+            size = units = work = 0
+            while inflight:
+                if room is not None and not room.wait(inflight[0], can_release=bool(window)):
+                    # The next item waits for room while nothing decodes: this window holds what it needs.
+                    yield from hand_on(window, size)
+                    window, size, units, work = [], 0, 0, 0
+                    continue
+                prepared = inflight.popleft().result()
+                nbytes = prepared_nbytes(prepared)
+                seen_items, seen_bytes = seen_items + 1, seen_bytes + nbytes
+                window.append(prepared)
+                size += nbytes
+                units += len(prepared.item.units) if prepared.item is not None else 0
+                work += prepared.work
+                full = len(window) >= window_items or size >= window_bytes
+                if full or (enough_work is not None and units > 0 and enough_work(units, work)):
+                    yield from hand_on(window, size)
+                    window, size, units, work = [], 0, 0, 0
+                top_up()
+            if window:
+                yield from hand_on(window, size)
+        finally:
+            if room is not None:
+                room.close()  # decodes still waiting give up, so the pool's shutdown does not wait on them
+            for future in inflight:
+                future.cancel()  # not started: never decoded

@@ -51,6 +51,7 @@ class Route:
 
     stages: ModalityStages
     engines: list
+    host: Any = None  # memory.HostPlan: the host's memory shared out (model, decode side, encode on a CPU)
     loaded: bool = False
 
     @property
@@ -149,19 +150,32 @@ class Embedder:
                 shared = self._towers.setdefault(stage_key, stage.tower)
                 if shared is not stage.tower:
                     object.__setattr__(stage, "tower", shared)
+            host = self._host_plan(stages)
             engines = [
                 Engine(
                     stage.tower,
                     str(stage.space),
-                    config.memory_budget,
+                    host.chunk_spec(config.memory_budget),
                     config.batch_size,
                     self.reporter,
                     self.should_stop,
                 )
                 for stage in stages.chain
             ]
-            self._routes[key] = Route(stages, engines)
+            self._routes[key] = Route(stages, engines, host)
         return self._routes[key]
+
+    def _host_plan(self, stages: ModalityStages):
+        """How host memory is shared out (memory.host_plan): on a CPU the host is the device, so the towers'
+        weights, the decode side and the encode's chunks share one budget; read now (after loading, the model's
+        weights are part of what is used)."""
+        from gemma_embed import memory
+
+        on_cpu = self.device.type == "cpu"
+        towers = {id(t): t for t in stages.towers}.values()
+        model = sum(t.weight_bytes() for t in towers) if on_cpu else 0
+        free, total = memory.device_memory("cpu")
+        return memory.host_plan(free, total, self.config.memory_budget, model, host_is_device=on_cpu)
 
     def stages(self, modality: str | Modality, **options: Any) -> ModalityStages:
         return self.route(modality, **options).stages
@@ -172,6 +186,9 @@ class Embedder:
         if not route.loaded:
             for tower in route.stages.towers:
                 tower.load()
+            route.host = self._host_plan(route.stages)  # free memory as it is with the weights in place
+            for engine in route.engines:
+                engine.budget_spec = route.host.chunk_spec(self.config.memory_budget)
             route.loaded = True
         return route
 
@@ -203,6 +220,7 @@ class Embedder:
             lookup=lookup,
             overlap=self.device.type != "cpu" or OVERLAP_ON_CPU,
             enough_work=lambda units, work: pacer.enough_work(units, work, WINDOW_SECONDS),
+            host_budget=route.host.decode,
         )
         engines = route.engines
         feeds = [stage.feed for stage in stages.chain]

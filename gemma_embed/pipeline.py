@@ -230,7 +230,7 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pr
     lengths: list[list[int]] = [[] for _ in route.engines]
     failures = []
     with capture.Capture(reporter) if own_process else contextlib.nullcontext():
-        for window in prepared_stream(stages, sources, config.workers):
+        for window in prepared_stream(stages, sources, config.workers, host_budget=route.host.decode):
             for p in window:
                 if p.error:
                     failures.append(p.error.as_record())
@@ -257,6 +257,7 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pr
         "free_memory": free,
         "total_memory": total,
         "budget": memory.budget(free, total, config.memory_budget),
+        "host": route.host.as_dict(),
         "items": len(sources),
         "skipped": sum(skipped.values()),
         "units": sum(len(v) for v in lengths),

@@ -194,8 +194,15 @@ class Reporter:
                     )
                 )
             )
+            host = plan.get("host") or {}
+            shared = (
+                f"; host budget {human_bytes(host['budget'])} = model {human_bytes(host['model'])} + decode "
+                f"{human_bytes(host['decode'])} + encode {human_bytes(host['encode'])}"
+                if host.get("encode") is not None
+                else ""
+            )
             table.caption = Text(
-                printable(f"chunk = the memory cap; {plan['chunking']}; dtype: {plan.get('dtype_reason', '')}")
+                printable(f"chunk = the memory cap; {plan['chunking']}; dtype: {plan.get('dtype_reason', '')}{shared}")
             )
             for column in ("length", "units", "cost per unit", "chunk"):
                 table.add_column(column, justify="right")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gemma_embed import hostmem, memory
 from gemma_embed.media import (
     OPEN_TIMEOUT_S,
     as_file,
@@ -163,6 +164,8 @@ def _soundfile_blocks(content: str | bytes) -> Iterator[np.ndarray]:
 def _decode_with_soundfile(content: str | bytes, info, target_rate: int) -> DecodedAudio:
     import soundfile as sf
 
+    seconds = info.frames / info.samplerate if info.frames > 0 and info.samplerate > 0 else None
+    hostmem.admit(memory.audio_decode_peak(seconds, target_rate))  # in a run: waits for room to decode
     resampler = MonoResampler(info.samplerate, target_rate)
     try:
         for block in _soundfile_blocks(content):
@@ -191,6 +194,7 @@ def _decode_with_pyav(content: str | bytes, target_rate: int) -> DecodedAudio:
         if not container.streams.audio:
             raise AudioDecodeError(_no_audio_reason(container))
         stream = container.streams.audio[0]
+        hostmem.admit(memory.audio_decode_peak(_declared_seconds(container, stream), target_rate))
         resampler = None
         channels = 0
         try:
@@ -211,6 +215,15 @@ def _decode_with_pyav(content: str | bytes, target_rate: int) -> DecodedAudio:
         return DecodedAudio(
             samples, target_rate, int(resampler.source_rate), channels, "pyav", resampler.source_samples
         )
+
+
+def _declared_seconds(container, stream) -> float | None:
+    """The stream's duration from the header, else the container's (FFmpeg's estimate); None if neither says."""
+    if stream.duration and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    if container.duration:
+        return container.duration / 1_000_000  # AV_TIME_BASE
+    return None
 
 
 def _no_audio_reason(container) -> str:

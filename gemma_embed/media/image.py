@@ -6,6 +6,9 @@ The conversion to RGB is transformers' `image_transforms.convert_to_rgb`, the fu
 alpha band or a `transparency` entry (RGBA, LA, PA, P or L with tRNS, and LAB, whose "A" band it counts) is
 composited onto white, every other mode goes through Pillow's `convert("RGB")` (CMYK, 1, I;16 and I clipped to
 0..255, F, YCbCr, ...). Calling that function, not a copy of it, keeps the two equal as transformers changes.
+An RGB image without transparency is the one case it leaves as it is (`convert("RGB")` of RGB is a plain copy):
+that image is returned without the round trip, which held four copies of the pixels at once (the decode alone
+peaked at 18 bytes a pixel, now 8; with the processor's own copies 14: bench/MEMORY.md).
 (`transformers.image_utils.load_image`, used when a processor is handed a file path, converts with a plain
 `convert("RGB")` instead, which drops alpha without compositing; the processor's conversion is the one applied
 to the image itself, and the one the tests hold this decoder to.)
@@ -17,7 +20,7 @@ from dataclasses import dataclass, field
 
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
-from gemma_embed import capture
+from gemma_embed import capture, hostmem, memory
 from gemma_embed.media import MAX_PIXELS, as_file
 
 # Pillow's own default. Checked on the header, before any pixel is decoded.
@@ -51,6 +54,17 @@ class DecodedImage:
         return self.image.height
 
 
+def composited(image: Image.Image) -> bool:
+    """Whether transformers' conversion composites the image onto white: an alpha band or a transparency entry
+    (`convert_to_rgb`'s own test). The header tells it."""
+    return "A" in image.getbands() or image.info.get("transparency") is not None
+
+
+def converts_to_rgb(image: Image.Image) -> bool:
+    """Whether transformers' conversion changes anything: every mode but RGB, and RGB composited onto white."""
+    return image.mode != "RGB" or composited(image)
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
     """transformers' conversion of a PIL image to RGB (alpha composited onto white)."""
     from transformers.image_transforms import convert_to_rgb
@@ -72,10 +86,15 @@ def decode_image(content: str | bytes, max_pixels: int = MAX_PIXELS) -> DecodedI
             frames = int(getattr(img, "n_frames", 1) or 1)
             if frames > 1:
                 img.seek(0)
+            hostmem.admit(memory.image_decode_peak(width, height, composited(img)))  # waits for room in a run
             img.load()
             mode, fmt = img.mode, img.format or ""
-            upright = ImageOps.exif_transpose(img)
-            return DecodedImage(to_rgb(upright), mode, fmt, frames)
+            if not converts_to_rgb(img):
+                # transformers' conversion would be `convert("RGB")`, a copy with the same pixels: the upright
+                # copy is that image (it also outlives the file, whose closing frees the decoded pixels).
+                return DecodedImage(ImageOps.exif_transpose(img), mode, fmt, frames)
+            ImageOps.exif_transpose(img, in_place=True)  # no copy: the conversion makes the new image
+            return DecodedImage(to_rgb(img), mode, fmt, frames)
     except ImageDecodeError:
         raise
     except UnidentifiedImageError:

@@ -28,6 +28,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from gemma_embed import hostmem, memory
 from gemma_embed.media import MAX_PIXELS, OPEN_TIMEOUT_S, as_file, ffmpeg_extensions, refuse_nothing_to_decode
 
 # Seconds one file may spend in probing + decoding before it is given up (pathological or huge files).
@@ -466,6 +467,7 @@ def decode_video(
             f"{len(wanted)} frames of {width}x{height} exceed {MAX_DECODED_BYTES >> 30} GiB; "
             f"sample fewer (--max-frames)"
         )
+    hostmem.admit(memory.video_decode_peak(len(wanted), width, height))  # in a run: waits for room to decode
     frames, rotation, times, seeks, decoded = _decode_wanted(content, table, wanted, deadline)
     try:
         stacked = np.stack([frames[i] for i in wanted])

@@ -41,6 +41,9 @@ class Tower(Protocol):
     def load(self) -> None:
         """Read the weights (once). Until then only the cost model and the widths may be used."""
 
+    def weight_bytes(self) -> int:
+        """Bytes its weights hold on the device (known from the config before they are read)."""
+
     def unit_cost(self, length: int) -> int:
         """Modelled peak transient bytes one unit of this length adds to a forward pass."""
 
@@ -98,6 +101,15 @@ class EncoderTower:
         self.embed = load_part(
             self.checkpoint, projection_name, projection_prefixes, build_projection, self.dtype, self.device
         )
+
+    def weight_bytes(self) -> int:
+        """Bytes its weights hold on the device: measured once loaded, else from the config (meta build)."""
+        from gemma_embed.memory import resident_bytes
+        from gemma_embed.models.loading import built_bytes
+
+        if self.tower is not None:
+            return resident_bytes(self)
+        return sum(built_bytes(factory, self.dtype) for factory in self._factories)
 
     @property
     def element_size(self) -> int:

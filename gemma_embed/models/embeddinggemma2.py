@@ -281,6 +281,18 @@ class EmbeddingGemma2TextTower:
     def element_size(self) -> int:
         return torch.empty((), dtype=self.dtype).element_size()
 
+    def weight_bytes(self) -> int:
+        """Bytes of the text model and the Dense modules: measured once loaded, else from the config."""
+        from transformers.models.embedding_gemma2.modeling_embedding_gemma2 import EmbeddingGemma2TextModel
+
+        from gemma_embed.memory import resident_bytes
+        from gemma_embed.models.loading import built_bytes
+
+        if self.model is not None:
+            return resident_bytes(self)
+        dense = sum(4 * step.in_features * step.out_features for step in self.setup.head if step != NORMALIZE)
+        return built_bytes(lambda: EmbeddingGemma2TextModel(self.config), self.dtype) + dense
+
     def unit_cost(self, length: int) -> int:
         cfg = self.config
         return text_sequence_cost(

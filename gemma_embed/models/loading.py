@@ -286,6 +286,18 @@ def from_pretrained_dtypes(factory, dtype) -> dict:
     return {name: t.dtype for name, t in (*layout.named_parameters(), *layout.named_buffers())}
 
 
+def built_bytes(factory, dtype) -> int:
+    """Bytes the module `factory` builds will hold in `dtype` once loaded (parameters and buffers, as
+    `from_pretrained_dtypes` decides their dtypes), computed on the meta device: no memory, no tensor read."""
+    import torch
+    from transformers.initialization import no_init_weights
+    from transformers.modeling_utils import local_torch_dtype
+
+    with torch.device("meta"), local_torch_dtype(dtype), no_init_weights():
+        layout = factory()
+    return sum(t.numel() * t.element_size() for t in (*layout.parameters(), *layout.buffers()))
+
+
 def cast_like(module, dtypes: dict) -> None:
     """Cast each parameter and buffer of `module` to its dtype in `dtypes` (in place, values rounded once)."""
     for name, tensor in (*module.named_parameters(), *module.named_buffers()):

@@ -1,0 +1,217 @@
+"""One host-memory budget on a CPU: how it is shared out (pure functions), and the decode room that makes workers
+wait for room (fake decodes that say their estimated peak, as the real decoders do once they read a header)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from gemma_embed import hostmem, memory
+from gemma_embed.decoding import prepared_stream
+from gemma_embed.models.base import PreparedItem, Unit
+from gemma_embed.sources import Source
+
+GiB, MiB = 2**30, 2**20
+
+
+# ------------------------------------------------------------------------------------------ sharing out
+
+
+def test_on_a_cpu_the_budget_covers_the_model_and_the_rest_is_split_between_decode_and_encode():
+    plan = memory.host_plan(10 * GiB, 16 * GiB, memory.parse_budget("1GiB"), 100 * MiB, host_is_device=True)
+    assert plan.budget == GiB and plan.model == 100 * MiB
+    assert plan.model + plan.decode + plan.encode == plan.budget  # nothing counted twice, nothing left out
+    assert abs(plan.decode - plan.encode) <= 1
+    # The engines' chunk budget is the encode share, even with far more free and asked for.
+    spec = plan.chunk_spec(memory.parse_budget("1GiB"))
+    assert memory.budget(10 * GiB, 16 * GiB, spec) == plan.encode
+    assert spec.explicit  # the user's budget is still the user's (the warning below one unit names it)
+
+
+def test_a_model_larger_than_the_budget_leaves_nothing_and_a_budget_above_free_is_what_is_free():
+    plan = memory.host_plan(10 * GiB, 16 * GiB, memory.parse_budget("1GiB"), 2 * GiB, host_is_device=True)
+    assert (plan.decode, plan.encode) == (0, 0)
+    plan = memory.host_plan(GiB, 16 * GiB, memory.parse_budget("8GiB"), 0, host_is_device=True)
+    assert plan.budget == GiB and plan.decode + plan.encode == GiB
+
+
+def test_the_default_rule_plans_the_host_too():
+    plan = memory.host_plan(10 * GiB, 16 * GiB, memory.BudgetSpec(), 0, host_is_device=True)
+    assert plan.budget == memory.budget(10 * GiB, 16 * GiB) == int(1.6 * GiB)  # min(free/2, total/10)
+    assert not plan.chunk_spec(memory.BudgetSpec()).explicit
+
+
+def test_on_an_accelerator_the_decode_side_gets_the_default_rule_on_host_memory():
+    spec = memory.parse_budget("2GiB")  # the device's budget
+    plan = memory.host_plan(10 * GiB, 16 * GiB, spec, 0, host_is_device=False)
+    assert plan.encode is None and plan.model == 0
+    assert plan.decode == memory.budget(10 * GiB, 16 * GiB)
+    assert plan.chunk_spec(spec) == spec  # chunks plan from the device's memory as before
+    assert "decode" in plan.describe()
+
+
+def test_decode_peak_estimates():
+    assert memory.image_decode_peak(1000, 2000, composited=False) == 2_000_000 * memory.IMAGE_PEAK_BYTES_PER_PIXEL
+    assert memory.image_decode_peak(1000, 2000, composited=True) > memory.image_decode_peak(1000, 2000, False)
+    assert memory.video_decode_peak(32, 640, 360) == 32 * memory.video_decode_peak(1, 640, 360)
+    assert memory.audio_decode_peak(10.0, 16_000) == 160_000 * memory.AUDIO_PEAK_BYTES_PER_SAMPLE
+    unknown = memory.audio_decode_peak(None, 16_000)
+    assert unknown == memory.audio_decode_peak(memory.AUDIO_UNKNOWN_DURATION_S, 16_000) > 0
+
+
+def test_budget_cap_holds_whatever_the_rule():
+    for spec in (
+        memory.BudgetSpec(cap=5),
+        memory.BudgetSpec(bytes=100, cap=5),
+        memory.BudgetSpec(fraction_of_total=0.5, cap=5),
+    ):
+        assert memory.budget(1000, 1000, spec) == 5
+    assert memory.budget(3, 1000, memory.BudgetSpec(bytes=100, cap=5)) == 3  # never more than is free
+
+
+# ------------------------------------------------------------------------------------------ the room itself
+
+
+def _reserve_in_thread(room, ticket, nbytes) -> threading.Event:
+    admitted = threading.Event()
+
+    def go():
+        room.reserve(ticket, nbytes)
+        admitted.set()
+
+    threading.Thread(target=go, daemon=True).start()
+    return admitted
+
+
+def test_an_item_waits_until_its_estimate_fits_beside_what_is_held():
+    room = hostmem.DecodeRoom(100)
+    room.reserve(0, 60)
+    second = _reserve_in_thread(room, 1, 60)
+    assert not second.wait(0.2)  # 60 + 60 > 100
+    room.finish(0, 60, prepared_bytes=5)  # decoded: its estimate gives way to its prepared bytes
+    assert second.wait(5)
+    assert room.held == 65 and room.peak_held <= 100
+    room.finish(1, 60, prepared_bytes=5)
+    room.release(10)  # the window of both is done with
+    assert room.held == 0
+
+
+def test_turns_go_in_input_order_so_a_small_item_never_takes_room_an_earlier_one_waits_for():
+    room = hostmem.DecodeRoom(100)
+    room.reserve(0, 80)
+    big = _reserve_in_thread(room, 1, 80)
+    small = _reserve_in_thread(room, 2, 10)
+    assert not small.wait(0.2)  # 80 + 10 fits, but item 1 waits ahead of it
+    room.finish(0, 80, prepared_bytes=0)
+    assert big.wait(5) and small.wait(5)
+    assert room.held == 90
+
+
+def test_an_item_that_never_asks_passes_its_turn_on():
+    room = hostmem.DecodeRoom(100)
+    later = _reserve_in_thread(room, 1, 10)
+    assert not later.wait(0.2)  # ticket 0 has its turn
+    room.finish(0, None, prepared_bytes=0)  # a file that failed before its header was read
+    assert later.wait(5)
+
+
+# ------------------------------------------------------------------------------------------ through the stream
+
+
+class FakeModality:
+    """Decodes b"ESTIMATE/PREPARED" items: says ESTIMATE through hostmem.admit, as real decoders do, then holds a
+    PREPARED-byte tensor. Records which items decode at the same time."""
+
+    def __init__(self, hold_s: float = 0.03):
+        self.hold_s = hold_s
+        self.lock = threading.Lock()
+        self.now: dict[bytes, int] = {}  # decoding now -> its estimate
+        self.overlaps: list[tuple[bytes, int]] = []  # (item, estimates of the items decoding beside it, summed)
+        self.preparer = self
+
+    def decode(self, content: bytes):
+        estimate, prepared = (int(x) for x in content.split(b"/")[:2])
+        hostmem.admit(estimate)
+        with self.lock:
+            self.now[content] = estimate
+            self.overlaps.append((content, sum(self.now.values())))
+        time.sleep(self.hold_s)
+        with self.lock:
+            self.overlaps.append((content, sum(self.now.values())))
+            del self.now[content]
+        return prepared
+
+    def prepare(self, prepared: int) -> PreparedItem:
+        unit = Unit(inputs={"pixel_values": np.zeros(prepared, np.uint8)}, length=1, rows=1)
+        return PreparedItem(units=[unit])
+
+
+def _sources(specs: list[tuple[int, int]]) -> list[Source]:
+    # The item's bytes are its spec (a few bytes, held by the window like a tar member's: counted, negligible).
+    return [
+        Source(key=f"k{i}", path=f"k{i}", position=i, data=f"{e}/{p}/{i}".encode()) for i, (e, p) in enumerate(specs)
+    ]
+
+
+def _keys(windows) -> list[str]:
+    return [p.source.key for w in windows for p in w]
+
+
+def test_workers_decode_together_only_while_their_estimates_fit():
+    modality = FakeModality()
+    sources = _sources([(300, 0)] * 12)
+    windows = list(prepared_stream(modality, sources, workers=4, window_items=100, host_budget=1000))
+    assert _keys(windows) == [s.key for s in sources]  # all of them, in input order
+    assert all(p.error is None for w in windows for p in w)
+    assert max(total for _, total in modality.overlaps) <= 900  # three fit in 1000, four never ran together
+    # Without the budget the same four workers decode four at once.
+    unbounded = FakeModality(hold_s=0.1)
+    list(prepared_stream(unbounded, _sources([(300, 0)] * 12), workers=4, window_items=100))
+    assert max(total for _, total in unbounded.overlaps) > 900
+
+
+def test_an_item_larger_than_the_whole_budget_decodes_alone_and_the_run_goes_on():
+    modality = FakeModality()
+    sources = _sources([(300, 0), (300, 0), (5000, 0), (300, 0), (300, 0)])
+    windows = list(prepared_stream(modality, sources, workers=4, window_items=100, host_budget=1000))
+    assert _keys(windows) == [s.key for s in sources]
+    big = sources[2].data
+    assert all(total == 5000 for item, total in modality.overlaps if item == big)  # nothing beside it
+
+
+def test_a_window_is_handed_on_early_when_the_next_item_needs_the_room_it_holds():
+    # Each item's prepared bytes stay held until its window is done with: 250 each, estimates 300.
+    # 250 + 250 + 250 + 300 > 1000, so the fourth item waits until the first three leave in a window.
+    modality = FakeModality(hold_s=0.0)
+    sources = _sources([(300, 250)] * 9)
+    windows = list(prepared_stream(modality, sources, workers=4, window_items=100, host_budget=1000))
+    assert [len(w) for w in windows] == [3, 3, 3]
+    assert _keys(windows) == [s.key for s in sources]
+
+
+def test_stopping_early_never_hangs_on_decodes_that_wait_for_room():
+    modality = FakeModality(hold_s=0.05)
+    stream = prepared_stream(modality, _sources([(600, 500)] * 20), workers=4, window_items=1, host_budget=1000)
+    finished = threading.Event()
+
+    def consume_one_and_stop():
+        next(stream)
+        stream.close()
+        finished.set()
+
+    threading.Thread(target=consume_one_and_stop, daemon=True).start()
+    assert finished.wait(10)
+    assert len(modality.overlaps) < 40  # the queued items were never decoded
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_without_admit_calls_items_flow_as_before(workers):
+    class Silent(FakeModality):
+        def decode(self, content):  # a decoder with no estimate (text): never waits
+            return int(content.split(b"/")[1])
+
+    windows = list(prepared_stream(Silent(), _sources([(0, 10)] * 7), workers=workers, window_items=3, host_budget=1))
+    assert [len(w) for w in windows] == [3, 3, 1]
