@@ -2,14 +2,14 @@
 
 Two files beside the output, named after it:
 - `OUT.search-index`: the output's row table (store/row_table.py: norms, item boundaries, keys) and the index's
-  record: which output it covers (every file's name, size, modification time and header hash), rows, width, the
+  record: which output it covers (every file's name, size and modification time), rows, width, the
   kind and its settings, and the recall@10 it measured when built;
 - `OUT.faiss`: the faiss index (a plain faiss file; none for `flat`).
 
 Kinds (`--kind`):
 - `flat`: exact search over the output itself through the row table: no copy of the vectors (the output's rows,
   memory-mapped, are the flat index; a faiss flat index would hold the same values again);
-- `ivf`: faiss IVF (spherical k-means cells, rows stored as float16), `nprobe` chosen at build time as the
+- `ivf`: faiss IVF (spherical k-means cells, rows stored as float16), `nprobe` chosen at build time: twice the
   smallest that finds TARGET_RECALL of the exact top 10 for sampled rows of the output;
 - `hnsw`: faiss HNSW (32 links a node, float16 storage), `efSearch` chosen the same way;
 - `auto`: flat below FLAT_BELOW_ROWS rows; above, IVF with cells from the row count, unless IVF would have to scan
@@ -44,7 +44,7 @@ from gemma_embed.store import row_table
 KINDS = ("auto", "flat", "ivf", "hnsw")
 METRICS = ("cosine",)
 FLAT_BELOW_ROWS = 100_000
-TARGET_RECALL = 0.97  # on the output's own rows; the model's queries are a little out of that distribution
+TARGET_RECALL = 0.97  # on the output's own rows (then one step more, see _build_faiss)
 SAMPLE_QUERIES = 200
 TRAIN_ROWS_PER_LIST = 50  # faiss's k-means warns below 39 training rows a cell
 HNSW_LINKS = 32
@@ -129,7 +129,7 @@ def open_index(output: str | os.PathLike, exact: bool = False) -> Opened | None:
 def _mismatch(record: dict, output: Path) -> str | None:
     recorded = record.get("output") or []
     try:
-        now = [e["name"] for e in row_table.fingerprint(output, hashes=False)]
+        now = [e["name"] for e in row_table.fingerprint(output)]
     except FileNotFoundError as exc:
         return str(exc)
     names = [e["name"] for e in recorded]
@@ -204,7 +204,8 @@ def build_index(output: str | os.PathLike, kind: str = "auto", metric: str = "co
         record["faiss"] = {"name": index_file.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     record["output"] = fingerprint
     record["seconds"] = round(time.monotonic() - started, 3)
-    path = row_table.write_table(row_table.table_path(output), record, table, lines)
+    path = row_table.table_path(output)
+    record = row_table.write_table(path, record, table, lines)
     if built is None:
         index_file.unlink(missing_ok=True)  # an earlier build's, which the new record does not name
     say.note(f"wrote {path} in {record['seconds']:.1f} s")
@@ -237,17 +238,20 @@ def _build_faiss(faiss, table: row_table.RowTable, kind: str, record: dict, say)
         settings = {"links": HNSW_LINKS, "ef_construction": HNSW_EF_CONSTRUCTION, "storage": "float16"}
         knob, values = "ef_search", [16, 32, 64, 128, 256, 512, 1024]
     truth = _exact_top(table, queries, sample, index, say)
-    best = None
+    best, reached = None, None
     for value in values:
         if knob == "nprobe":
             index.nprobe = value
         else:
             index.hnsw.efSearch = value
         _, found = index.search(queries, 11)
-        recall = _recall(found, truth, sample)
-        best = (value, recall)
-        if recall >= TARGET_RECALL:
+        best = (value, _recall(found, truth, sample))
+        if reached is not None or value == values[-1]:
             break
+        if best[1] >= TARGET_RECALL:
+            # One step more than the rows themselves need: a model's queries are near its rows, not among them
+            # (measured, 4,000 clustered rows: HNSW at the rows' ef 16 found 0.87 for perturbed rows).
+            reached = value
     settings[knob] = best[0]
     say.note(f"{knob} {best[0]}: recall@10 {best[1]:.3f} on {len(sample)} sampled rows")
     return index, {**record, "settings": settings, "recall_at_10": round(best[1], 4), "sample_queries": len(sample)}

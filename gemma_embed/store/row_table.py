@@ -8,12 +8,11 @@ hit's key and metadata are one JSON line read from the table.
 
 `gemma-embed index` writes the table beside the output as `OUT.search-index` (safetensors layout: the table's arrays
 as tensors, the index record as metadata), with the output's fingerprint (every file's name, size and
-modification time, and a hash of its header) so that a reader can tell when the output changed after indexing.
+modification time) so that a reader can tell when the output changed after indexing.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import struct
@@ -60,39 +59,23 @@ def _listing(output: Path) -> list[Path]:
     return [output if output.suffix == ".json" else index_path(output), *files]
 
 
-def header_sha256(file: Path) -> str:
-    """A hash of a safetensors file's header (its keys, items, run settings, tensor shapes and byte ranges)."""
-    with open(file, "rb") as fh:
-        head = fh.read(8)
-        length = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
-        return hashlib.sha256(head + fh.read(length)).hexdigest()
-
-
-def fingerprint(output: str | os.PathLike, hashes: bool = True) -> list[dict]:
-    """What the output is now: per file, its name relative to the output's folder, size and modification time,
-    and (with `hashes`) the hash of its header; for a sharded output the shard index comes first."""
+def fingerprint(output: str | os.PathLike) -> list[dict]:
+    """What the output is now: per file, its name relative to the output's folder, size and modification time
+    (for a sharded output the shard index comes first). Any rewrite changes the time; a copy that keeps the
+    bytes but not the times counts as changed too (telling them apart would mean reading every row)."""
     output = Path(output)
-    folder = output.parent
     entries = []
     for file in _listing(output):
         stat = file.stat()
-        entry = {"name": os.path.relpath(file, folder), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-        if hashes:
-            entry["header_sha256"] = header_sha256(file) if file.suffix != ".json" else _file_sha256(file)
-        entries.append(entry)
+        name = os.path.relpath(file, output.parent)
+        entries.append({"name": name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
     return entries
 
 
-def _file_sha256(file: Path) -> str:
-    return hashlib.sha256(file.read_bytes()).hexdigest()
-
-
 def compare_fingerprint(recorded: list[dict], output: str | os.PathLike) -> str | None:
-    """None when the output is the one recorded; else one sentence saying what differs. Sizes and modification
-    times decide; a file whose time alone differs (copied without keeping times) is compared by its header hash."""
-    output = Path(output)
+    """None when the output is the one recorded; else one sentence saying what differs."""
     try:
-        now = fingerprint(output, hashes=False)
+        now = fingerprint(output)
     except FileNotFoundError as exc:
         return str(exc)
     names = [e["name"] for e in recorded]
@@ -102,10 +85,7 @@ def compare_fingerprint(recorded: list[dict], output: str | os.PathLike) -> str 
         if old["size"] != new["size"]:
             return f"{new['name']} is now {new['size']} bytes, {old['size']} when indexed"
         if old["mtime_ns"] != new["mtime_ns"]:
-            file = output.parent / new["name"]
-            current = header_sha256(file) if file.suffix != ".json" else _file_sha256(file)
-            if current != old.get("header_sha256"):
-                return f"{new['name']} was rewritten after indexing"
+            return f"{new['name']} was modified after indexing"
     return None
 
 
@@ -266,8 +246,9 @@ def _lines_entry(blob, starts: np.ndarray) -> Callable[[int], tuple[str, dict]]:
 # ------------------------------------------------------------------------------------------ the file
 
 
-def write_table(path: Path, record: dict, table: RowTable, lines: tuple) -> Path:
-    """The table and its record as one safetensors file, written atomically (a stopped write leaves nothing)."""
+def write_table(path: Path, record: dict, table: RowTable, lines: tuple) -> dict:
+    """The table and its record as one safetensors file, written atomically (a stopped write leaves nothing).
+    Returns the record as written (with the files, rows, width and run header it covers)."""
     blob, starts = lines
     folder = Path(path).parent
     record = {
@@ -290,7 +271,7 @@ def write_table(path: Path, record: dict, table: RowTable, lines: tuple) -> Path
     }
     metadata = {"format": TABLE_FORMAT, "created_by": f"gemma-embed {__version__}", "record": json.dumps(record)}
     _write_safetensors(path, metadata, arrays)
-    return path
+    return record
 
 
 def _write_safetensors(path: Path, metadata: dict[str, str], arrays: dict[str, np.ndarray]) -> None:
