@@ -167,6 +167,8 @@ def build_index(output: str | os.PathLike, kind: str = "auto", metric: str = "co
         raise UsageError(f"--kind {kind}: choose one of {', '.join(KINDS)}")
     if metric not in METRICS:
         raise UsageError(f"--metric {metric}: only {', '.join(METRICS)} is supported")
+    if kind in ("ivf", "hnsw"):
+        _faiss(f"gemma-embed index --kind {kind}")  # before any work
     started = time.monotonic()
     say = _Notes(reporter)
     fingerprint = row_table.fingerprint(output)  # before reading: a change while building makes the index stale
