@@ -77,13 +77,17 @@ def test_queries_file_through_the_command_with_an_index_and_exact(text_index, tm
     built = _cli("index", text_index, "-q")
     assert built.returncode == 0, built.stderr
     assert json.loads(built.stdout)["kind"] == "flat"  # 20 rows: below auto's flat threshold
+    answers = []
     for extra in ([], ["--exact"]):
         run = _cli("search", text_index, "--queries", queries, "--jsonl", "-k", "2", "--device", "cpu", *extra)
         assert run.returncode == 0, run.stderr
         records = [json.loads(line) for line in run.stdout.splitlines()]
         assert [(r["query_index"], r["rank"]) for r in records] == [(0, 1), (0, 2), (1, 1), (1, 2)]
         assert records[0]["query"] == f"{TEXTS[2]} (document 1)" and records[2]["query"].startswith(TEXTS[0])
-        assert records[0]["key"] == "stdin:8" and records[2]["key"] == "stdin:16"  # the same texts, found first
+        answers.append([(r["key"], round(r["score"], 5)) for r in records])
+    assert answers[0] == answers[1]  # a flat index is the exact search
+    single = query_index(text_index, Query(text=f"{TEXTS[0]} (document 3)"), k=2, device="cpu")
+    assert answers[0][2:] == [(h.key, round(h.score, 5)) for h in single]
     table = _cli("search", text_index, "--queries", queries, "-k", "1", "--device", "cpu").stdout.splitlines()
     assert table[0] == f"query 1: {TEXTS[2]} (document 1)" and table[1].split() == ["rank", "score", "key", "path"]
     assert f"query 2: {TEXTS[0]} (document 3)" in table
