@@ -269,12 +269,24 @@ def _at_least_one(value: int) -> int:
 def search_index(
     index: Annotated[Path, typer.Argument(help="An output to search (.safetensors or .index.json).")],
     query: Annotated[str | None, typer.Argument(help="Text to look for (EmbeddingGemma 2 indexes).")] = None,
-    image: Annotated[Path | None, typer.Option(help="Look for this image instead.", metavar="FILE")] = None,
-    video: Annotated[Path | None, typer.Option(help="Look for this video instead.", metavar="FILE")] = None,
-    audio: Annotated[Path | None, typer.Option(help="Look for this audio file instead.", metavar="FILE")] = None,
+    queries: Annotated[
+        Path | None, typer.Option("--queries", help="Many texts, one a line (- for stdin).", metavar="FILE")
+    ] = None,
+    image: Annotated[
+        list[Path] | None, typer.Option(help="Look for this image (repeat, or a folder).", metavar="FILE")
+    ] = None,
+    video: Annotated[
+        list[Path] | None, typer.Option(help="Look for this video (repeat, or a folder).", metavar="FILE")
+    ] = None,
+    audio: Annotated[
+        list[Path] | None, typer.Option(help="Look for this audio file (repeat, or a folder).", metavar="FILE")
+    ] = None,
     top: Annotated[
         int, typer.Option("-k", "--top", help="Hits to show (at least 1).", metavar="K", callback=_at_least_one)
     ] = 10,
+    exact: Annotated[
+        bool, typer.Option("--exact", help="Exact search even where the output has an index.", metavar="")
+    ] = False,
     jsonl: Annotated[bool, typer.Option("--jsonl", help="One JSON record per hit.", metavar="")] = False,
     html_file: Annotated[
         Path | None, typer.Option("--html", help="Also write a page with thumbnails and players.", metavar="FILE")
@@ -291,27 +303,59 @@ def search_index(
     ] = None,
     prompt: Annotated[str | None, typer.Option(help="This prompt text instead.", metavar="TEXT")] = None,
 ) -> None:
-    """Search an output: embed the query with the index's model and settings, exact cosine top-k."""
-    from gemma_embed.search import Query, query_index, render_html, render_jsonl, render_table
+    """Search an output: embed the queries with the index's model and settings, cosine top-k (through the
+    output's index when it has one, see `gemma-embed index`; else exact)."""
+    from gemma_embed.search import collect_queries, query_many, render_html_many, render_results
 
-    media = {"images": image, "video": video, "audio": audio}
-    given = [(kind, file) for kind, file in media.items() if file is not None]
-    if (query is None) == (not given) or len(given) > 1:
-        raise _fail("give one query: a text, or one of --image, --video, --audio", 2)
-    wanted = Query(text=query) if query is not None else Query(file=str(given[0][1]), modality=given[0][0])
+    media = {kind: files for kind, files in (("images", image), ("video", video), ("audio", audio)) if files}
     try:
-        hits = query_index(index, wanted, top, model, device, str(dtype), prompt_name, prompt)
+        wanted = collect_queries([query] if query is not None else [], queries, media)
+        if not wanted:
+            raise _fail("give a query: a text, --queries FILE, or --image, --video, --audio", 2)
+        results = query_many(index, wanted, top, model, device, str(dtype), prompt_name, prompt, exact)
     except UsageError as exc:
         raise _fail(str(exc), 2) from None
     except GemmaEmbedError as exc:
         raise _fail(str(exc), 1) from None
     except (OSError, ValueError) as exc:  # the reader's messages name the file
         raise _fail(str(exc), 2) from None
-    print(render_jsonl(hits) if jsonl else render_table(hits), end="")
+    for result in results:
+        if result.error is not None:
+            _print_error(f"{result.query.describe()}: cannot embed the query: {result.error}")
+    print(render_results(results, jsonl), end="")
     if html_file is not None:
         from gemma_embed.store import atomic_write_text
 
-        atomic_write_text(html_file, render_html(hits, wanted.describe(), index=str(index)))
+        groups = [(r.query.describe(), r.hits) for r in results if r.error is None]
+        atomic_write_text(html_file, render_html_many(groups, index=str(index)))
+    if any(r.error is not None for r in results):
+        raise typer.Exit(1)
+
+
+@app.command("index", cls=_Command)
+def index_output(
+    path: Annotated[Path, typer.Argument(help="A gemma-embed output (.safetensors or .index.json).")],
+    kind: Annotated[
+        str, typer.Option("--kind", help="auto, flat, ivf or hnsw (auto: flat below 100k rows).", metavar="KIND")
+    ] = "auto",
+    metric: Annotated[str, typer.Option("--metric", help="The similarity (cosine).", metavar="METRIC")] = "cosine",
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress notes.", metavar="")] = False,
+) -> None:
+    """Build an approximate-search index beside an output (OUT.search-index, OUT.faiss), which search then uses."""
+    import json
+
+    from gemma_embed.index import build_index
+    from gemma_embed.progress import Reporter
+
+    try:
+        record = build_index(path, kind, metric, Reporter(quiet=quiet))
+    except UsageError as exc:
+        raise _fail(str(exc), 2) from None
+    except (OSError, ValueError) as exc:
+        raise _fail(str(exc), 1) from None
+    fields = ("kind", "requested", "metric", "settings", "recall_at_10", "reason", "seconds")
+    summary = {"type": "index", "output": str(path), **{name: record[name] for name in fields if name in record}}
+    print(json.dumps(summary, ensure_ascii=True))
 
 
 @app.command("models", cls=_Command)

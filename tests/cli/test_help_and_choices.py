@@ -11,7 +11,7 @@ from gemma_embed import cli
 
 
 def help_text(*args: str) -> str:
-    result = CliRunner().invoke(cli.app, [*args, "--help"], env={"COLUMNS": "120"})
+    result = CliRunner().invoke(cli.app, [*args, "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     return result.output
 
