@@ -344,22 +344,22 @@ class RunConfig:
         metavar="EXT,...",
     )
     null_separated: bool = option(
-        False, "NUL-separated paths on stdin (find -print0).", commands=MEDIA + PLAN, long="--null", flags=("-0",)
+        False, "NUL-separated stdin (find -print0).", commands=MEDIA + PLAN, long="--null", flags=("-0",)
     )
     max_soft_tokens: int | None = option(
         None,
         "70, 140, 280, 560 or 1120 per image or frame (default: the checkpoint's processor's).",
         commands=("images", "video", "plan"),
         help_by_command=(
-            ("images", "70, 140, 280, 560 or 1120 per image (default: the checkpoint's; Gemma 4: 280)."),
-            ("video", "70, 140, 280, 560 or 1120 per frame (default: the checkpoint's; Gemma 4: 70)."),
+            ("images", "70/140/280/560/1120 per image (default: the checkpoint's; Gemma 4: 280)."),
+            ("video", "70/140/280/560/1120 per frame (default: the checkpoint's; Gemma 4: 70)."),
         ),
         check=soft_token_budget,
         metavar="N",
     )
     fps: float | None = option(
         None,
-        "Frames per second to sample (default: the model's).",
+        "Frames a second (default: the model's).",
         commands=("video", "plan"),
         check=positive,
         metavar="F",
@@ -395,14 +395,15 @@ class RunConfig:
     split: str | None = option(None, "The dataset's split (default: train).", commands=MEDIA + PLAN, metavar="SPLIT")
     max_item_bytes: int | None = option(
         None,
-        "Largest tar member or table cell read (default: a quarter of the memory budget, at least 256MiB).",
+        "Largest member or cell read (default: budget/4).",
         commands=MEDIA + PLAN,
+        panel=ROBUSTNESS,
         cli_type=str,
         parse=parse_item_bytes,
         metavar="SIZE",
     )
     allow_outside_paths: bool = option(
-        False, "Table path cells may name files outside the table's folder.", commands=MEDIA + PLAN
+        False, "Table paths may leave its folder.", commands=MEDIA + PLAN, panel=ROBUSTNESS
     )
     # Model -----------------------------------------------------------------------------------------------
     model: str = option(
@@ -421,7 +422,7 @@ class RunConfig:
     )
     dtype: Dtype = option(
         Dtype.auto,
-        "auto (the checkpoint's dtype if the device computes it natively, else float32), float32, bfloat16, float16.",
+        "auto, float32, bfloat16 or float16 (auto: the checkpoint's where fast).",
         commands=EMBED + PLAN,
         panel=MODEL,
         metavar="DTYPE",
@@ -465,7 +466,7 @@ class RunConfig:
         Pool.none,
         "none (every row) or mean (one row).",
         commands=MEDIA,
-        help_by_command=(("video", "none (every row), mean (one row), or frame (one row per frame)."),),
+        help_by_command=(("video", "none, mean or frame (a row per frame)."),),
         panel=OUTPUT,
         metavar="POOL",
     )
@@ -516,7 +517,7 @@ class RunConfig:
     )
     num_slices: int | None = option(
         None,
-        "Split the input over N processes (job arrays, torchrun ranks).",
+        "Split the input over N processes.",
         panel=PERFORMANCE,
         aliases=("--num-shards",),
         check=at_least(1),
@@ -524,7 +525,7 @@ class RunConfig:
     )
     slice_index: int | None = option(
         None,
-        "This process's slice, 0 to N-1 (torchrun: its RANK).",
+        "This process's slice, 0 to N-1.",
         panel=PERFORMANCE,
         aliases=("--shard-index",),
         check=at_least(0),

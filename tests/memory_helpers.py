@@ -96,14 +96,11 @@ _DECODE = textwrap.dedent("""
     from gemma_embed import hostmem, memory
     hostmem.configure_for_long_runs()
     import torch
-    from gemma_embed.config import RunConfig
-    from gemma_embed.modalities import build_modality
-    from gemma_embed.models.loading import resolve_checkpoint
+    from gemma_embed.embedder import Embedder
 
     torch.set_num_threads(1)  # as in a decode thread
     model, modality, warm, paths = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-    config = RunConfig(modality=modality, inputs=("-",), output=Path("unused.safetensors"), model=model)
-    stages = build_modality(config, resolve_checkpoint(model, None), torch.device("cpu"), torch.float32)
+    stages = Embedder(model, device="cpu", dtype="float32").stages(modality)  # no weights: decode and prepare only
     stages.preparer.prepare(stages.decode(warm))  # first-call costs (imports, processor caches) are not the file's
     for path in paths:
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM starts again from the RSS now
