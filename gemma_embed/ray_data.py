@@ -362,8 +362,11 @@ def _check_same(expected: dict, found: dict) -> None:
 
 
 def _probe(config: RunConfig) -> dict | GemmaEmbedError:
+    """Run once per job, with the encode actors' resources; the worker it ran in is then ready to decode."""
     try:
-        return _describe(Embedder.from_config(dataclasses.replace(config, ray=None)), config)
+        described = _describe(Embedder.from_config(dataclasses.replace(config, ray=None)), config)
+        _decode_stages(config)
+        return described
     except GemmaEmbedError as exc:  # back to the driver as a value: its own one line
         return exc
 
@@ -403,6 +406,8 @@ class ClusterError(DeviceError):
 class RayEmbedder:
     """The pipeline's Embedder for `--ray`: the same interface (`load`, `embed_stream`, dtype and device for the
     header), the work on the cluster."""
+
+    embed_class: type = Embed  # the encode actors' class
 
     def __init__(self, config: RunConfig, reporter=None, should_stop=None):
         self.ray = require_ray()
@@ -480,7 +485,7 @@ class RayEmbedder:
             num_gpus=self.num_gpus,
             batch_size=window_items,
             expect=self.described,
-            embed_class=Embed,
+            embed_class=self.embed_class,
         )
         seen: set[int] = set()
         width = int(self.described["width"])
