@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import pickle
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -46,7 +45,8 @@ from gemma_embed.sources.base import Source
 EXTRA = "pip install 'gemma-embed[ray]'"
 # Items per decode task: small, so decoding spreads over the cluster's CPUs and the first items leave early.
 DECODE_BATCH = 16
-SOURCE_COLUMN = "__gemma_embed_source"  # the pipeline's rows: a pickled Source each
+# Columns of Python objects between the stages (Ray serializes them itself, between its own processes).
+SOURCE_COLUMN = "__gemma_embed_source"  # the pipeline's rows: a Source each
 PREPARED_COLUMN = "__gemma_embed_prepared"  # decoded and prepared, for the encode actors
 
 
@@ -62,13 +62,13 @@ def require_ray():
 
 # ---------------------------------------------------------------------------------------------- decode (CPU)
 
-_STAGES: dict[bytes, Any] = {}  # per worker process: the command's decode and prepare stages, by config
+_STAGES: dict[str, Any] = {}  # per worker process: the command's decode and prepare stages, by config
 
 
 def _decode_stages(config: RunConfig):
     """The command's stages for decoding: the checkpoint's processor files only, no tensor read, on the CPU
     whatever device the encode actors use (preparers do not depend on it)."""
-    key = pickle.dumps(config)
+    key = repr(config)  # a frozen dataclass of plain values: its repr is its identity
     if key not in _STAGES:
         decode_only = dataclasses.replace(config, device="cpu", ray=None)
         _STAGES[key] = Embedder.from_config(decode_only).route(config.modality).stages
@@ -82,11 +82,11 @@ def decode_batch(
     key_column: str | None = None,
     lookup: Callable[[str, str], str | None] | None = None,
 ):
-    """`map_batches` function (batch_format="pyarrow"): every row decoded and prepared by the command's own
+    """`map_batches` function (batch_format="numpy"): every row decoded and prepared by the command's own
     decoders (`decode_and_prepare`). A row is the pipeline's Source, or a cell of `column`: bytes, a file path,
     or (text) a string; its key is `key_column`'s value, else the path, else `sha256:` of its content. Out: the
-    key, the position and the prepared item (pickled); a failure is the prepared item's error."""
-    import pyarrow as pa
+    key, the position and the prepared item; a failure is the prepared item's error."""
+    import numpy as np
 
     stages = _decode_stages(config)
     keys, positions, prepared = [], [], []
@@ -96,14 +96,21 @@ def decode_batch(
         _compact(p)
         keys.append(_safe_key(source.key))
         positions.append(source.position)
-        prepared.append(pickle.dumps(p, protocol=pickle.HIGHEST_PROTOCOL))
-    return pa.table(
-        {
-            "key": pa.array(keys, pa.string()),
-            "position": pa.array(positions, pa.int64()),
-            PREPARED_COLUMN: pa.array(prepared, pa.large_binary()),
-        }
-    )
+        prepared.append(p)
+    return {
+        "key": np.array(keys, dtype=object),
+        "position": np.array(positions, np.int64),
+        PREPARED_COLUMN: _objects(prepared),
+    }
+
+
+def _objects(values: list):
+    """A numpy column of Python objects (Ray Data stores it as such), never unpacked into an array of arrays."""
+    import numpy as np
+
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
 
 
 def _compact(prepared: Prepared) -> None:
@@ -119,15 +126,14 @@ def _compact(prepared: Prepared) -> None:
 
 
 def _sources(batch, modality: Modality, column: str | None, key_column: str | None) -> Iterator[Source]:
-    names = batch.column_names
+    names = list(batch)
     if SOURCE_COLUMN in names:
-        for cell in batch.column(SOURCE_COLUMN).to_pylist():
-            yield pickle.loads(cell)
+        yield from batch[SOURCE_COLUMN]
         return
     if column is None or column not in names:
         raise UsageError(f"column={column!r}: the dataset's columns are {', '.join(names)}")
-    values = batch.column(column).to_pylist()
-    keys = batch.column(key_column).to_pylist() if key_column is not None else [None] * len(values)
+    values = batch[column].tolist()
+    keys = batch[key_column].tolist() if key_column is not None else [None] * len(values)
     for value, key in zip(values, keys, strict=True):
         if isinstance(value, dict):  # datasets' Image/Audio/Video struct: bytes, else its path
             value = value.get("bytes") or value.get("path")
@@ -164,7 +170,7 @@ def _safe_key(key: str) -> str:
 
 
 class Embed:
-    """`map_batches` callable class (batch_format="pyarrow"): one `Embedder` per actor, the command's towers
+    """`map_batches` callable class (batch_format="numpy"): one `Embedder` per actor, the command's towers
     loaded once; each batch of prepared rows (from `decode_batch`) goes through the tool's engine as one window.
 
     Out, per row: `key`, `position`, `embedding` (list<list<float32>>: the rows; list<float32> where each item is
@@ -191,7 +197,7 @@ class Embed:
         self.one_vector = one_vector_per_item(self.route, self.config.pool)
 
     def __call__(self, batch):
-        prepared = [pickle.loads(cell) for cell in batch.column(PREPARED_COLUMN).to_pylist()]
+        prepared = list(batch[PREPARED_COLUMN])
         rows = _Rows(prepared)
         self.embedder.encode_window(self.route, prepared, rows, self.config.pool)
         return rows.table(self.one_vector)
@@ -312,7 +318,7 @@ def embed_dataset(
         warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated")
         decoded = ds.map_batches(
             decode_batch,
-            batch_format="pyarrow",
+            batch_format="numpy",
             batch_size=DECODE_BATCH,
             num_cpus=1,
             max_retries=decode_retries,
@@ -320,7 +326,7 @@ def embed_dataset(
         )
         return decoded.map_batches(
             embed_class,
-            batch_format="pyarrow",
+            batch_format="numpy",
             batch_size=window,
             compute=ActorPoolStrategy(size=concurrency),
             num_gpus=num_gpus,
@@ -459,22 +465,16 @@ class RayEmbedder:
     ) -> _RayRoute:
         """Every source through the cluster (decode tasks, then the encode actors); `sink` gets each item as it
         comes back, once (a batch Ray retried after an actor died comes back once)."""
-        import pyarrow as pa
-
         ray = self.ray
-        blocks, by_position, rows = [], {}, []
+        by_position, rows = {}, []
         for source in sources:
             by_position[source.position] = dataclasses.replace(source, data=None, value=None)
-            rows.append(pickle.dumps(source, protocol=pickle.HIGHEST_PROTOCOL))
-            if len(rows) == DECODE_BATCH:
-                blocks.append(pa.table({SOURCE_COLUMN: pa.array(rows, pa.large_binary())}))
-                rows = []
-        if rows:
-            blocks.append(pa.table({SOURCE_COLUMN: pa.array(rows, pa.large_binary())}))
+            rows.append({SOURCE_COLUMN: source})
         route = self.load(modality)
-        if not blocks:
+        if not rows:
             return route
-        ds = ray.data.from_arrow(blocks)
+        ds = ray.data.from_items(rows, override_num_blocks=-(-len(rows) // DECODE_BATCH))
+        rows.clear()
         if getattr(ds, "context", None) is not None:  # this job's own copy of the settings
             ds.context.enable_progress_bars = False
         out = embed_dataset(
