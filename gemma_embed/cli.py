@@ -234,11 +234,36 @@ def _embed(config: RunConfig) -> None:
     raise typer.Exit(exit_code(result))
 
 
+def _list_extensions(modality: str) -> inspect.Parameter:
+    """`--list-extensions`: the extensions a folder walk takes for this command on this machine (what its decoders
+    register here), printed, and nothing run."""
+
+    def callback(value: bool) -> None:
+        if value:
+            from gemma_embed.sources.files import extensions
+
+            print(" ".join(sorted(e.removeprefix(".") for e in extensions(modality))))
+            raise typer.Exit()
+
+    declared = typer.Option(
+        "--list-extensions",
+        help="Print the extensions a folder walk takes here, and exit.",
+        rich_help_panel="Input",
+        is_eager=True,
+        callback=callback,
+        metavar="",
+    )
+    return inspect.Parameter(
+        "list_extensions", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[bool, declared]
+    )
+
+
 def _embed_command(modality: str, summary: str):
     def command(**options) -> None:
+        options.pop("list_extensions", None)
         _embed(config_from(modality, options))
 
-    command.__signature__ = inspect.Signature(_parameters(modality))
+    command.__signature__ = inspect.Signature([*_parameters(modality), _list_extensions(modality)])
     command.__doc__ = summary
     return command
 
