@@ -263,11 +263,22 @@ EG2_TEST_CHAT_TEMPLATE = (
     "{{- '<end_of_turn>\\n' -}}"
     "{%- endfor -%}"
 )
+MEDIA_TOKEN_NAMES = {
+    "image_token": "<|image|>",
+    "boi_token": "<|image>",
+    "eoi_token": "<image|>",
+    "audio_token": "<|audio|>",
+    "boa_token": "<|audio>",
+    "eoa_token": "<audio|>",
+}
 EG2_PROMPTS = {"query": "task: search result | query: ", "document": "title: none | text: "}
 
 
-def tiny_tokenizer(vocab_size: int = 400):
-    """A byte-level BPE trained on a few sentences (any text tokenizes), adding <bos> like Gemma's tokenizers."""
+def tiny_tokenizer(vocab_size: int = 400, add_eos: bool = False, media_tokens: bool = True):
+    """A byte-level BPE trained on a few sentences (any text tokenizes), adding <bos> like Gemma's tokenizers
+    (and <eos> after the text with `add_eos`: a trailing special token, which sentence-transformers' prompt length
+    and truncation must both account for). `media_tokens`: name the Gemma 4 family's placeholder tokens as the
+    tokenizer's image_token, boi_token, ... attributes (the multimodal processors read them there)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -281,9 +292,13 @@ def tiny_tokenizer(vocab_size: int = 400):
         show_progress=False,
     )
     tokenizer.train_from_iterator(EG2_CORPUS * 4, trainer=trainer)
-    bos = tokenizer.token_to_id("<bos>")
+    specials = [("<bos>", tokenizer.token_to_id("<bos>"))]
+    end = ""
+    if add_eos:
+        specials.append(("<eos>", tokenizer.token_to_id("<eos>")))
+        end = " <eos>"
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", bos)]
+        single=f"<bos> $A{end}", pair=f"<bos> $A $B{end}", special_tokens=specials
     )
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
@@ -292,14 +307,7 @@ def tiny_tokenizer(vocab_size: int = 400):
         pad_token="<pad>",
         unk_token="<unk>",
         mask_token="<mask>",
-        extra_special_tokens={
-            "image_token": "<|image|>",
-            "boi_token": "<|image>",
-            "eoi_token": "<image|>",
-            "audio_token": "<|audio|>",
-            "boa_token": "<|audio>",
-            "eoa_token": "<audio|>",
-        },
+        extra_special_tokens=MEDIA_TOKEN_NAMES if media_tokens else {},
         padding_side="right",
     )
 
@@ -414,11 +422,108 @@ def build_embeddinggemma2(
     return folder
 
 
+# -------------------------------------------------------------------------------------------- EmbeddingGemma
+
+# The task prompts google/embeddinggemma-300m's config_sentence_transformers.json lists (its model card's table).
+EMBEDDINGGEMMA_PROMPTS = {
+    "query": "task: search result | query: ",
+    "document": "title: none | text: ",
+    "BitextMining": "task: search result | query: ",
+    "Clustering": "task: clustering | query: ",
+    "Classification": "task: classification | query: ",
+    "InstructionRetrieval": "task: code retrieval | query: ",
+    "MultilabelClassification": "task: classification | query: ",
+    "PairClassification": "task: sentence similarity | query: ",
+    "Reranking": "task: search result | query: ",
+    "Retrieval": "task: search result | query: ",
+    "Retrieval-query": "task: search result | query: ",
+    "Retrieval-document": "title: none | text: ",
+    "STS": "task: sentence similarity | query: ",
+    "Summarization": "task: summarization | query: ",
+}
+
+
+def build_embeddinggemma(
+    folder: Path,
+    seed: int = 0,
+    max_seq_length: int = 32,
+    text_hidden: int = 32,
+    text_layers: int = 3,
+    sliding_window: int = 8,
+    dense_dims: tuple[int, int] = (384, 256),
+    dtype: torch.dtype = torch.float32,
+    **text_sizes,
+) -> Path:
+    """A tiny EmbeddingGemma (v1) checkpoint laid out like google/embeddinggemma-300m, written by the libraries
+    themselves: transformers' `Gemma3TextModel.save_pretrained` (a bidirectional Gemma 3 text model, weights
+    without a prefix) and the tokenizer, then sentence-transformers' own `SentenceTransformer.save` (mean
+    Pooling, two Dense modules without bias and with the identity activation, Normalize, the task prompts,
+    max_seq_length).
+
+    The real model is 768 -> 3072 -> 768; here the text model is `text_hidden` wide and the Dense modules map it
+    to `dense_dims` (the output, 256, exceeds 128 so `--dim 128` truncates). `max_seq_length` (32 tokens) is short
+    so a test line exceeds it; the sliding window (8, a radius of 5 tokens once transformers halves it for
+    bidirectional attention) is crossed by every sample sequence."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Dense, Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = tiny_tokenizer(add_eos=True, media_tokens=False)
+    heads = max(2, text_hidden // 64)
+    sizes = {
+        "intermediate_size": 2 * text_hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": 1,
+        "head_dim": 16 if text_hidden == 32 else 64,
+        "query_pre_attn_scalar": 16 if text_hidden == 32 else 64,
+        **text_sizes,
+    }
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=text_hidden,
+        num_hidden_layers=text_layers,
+        layer_types=["sliding_attention"] * (text_layers - 1) + ["full_attention"],
+        sliding_window=sliding_window,
+        use_bidirectional_attention=True,
+        max_position_embeddings=max(2048, max_seq_length),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **sizes,
+    )
+    torch.manual_seed(seed)
+    model = Gemma3TextModel(config).eval()
+    randomize(model, seed)
+    model.to(dtype).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+    transformer = Transformer(str(folder), max_seq_length=max_seq_length)
+    first = Dense(text_hidden, dense_dims[0], bias=False, activation_function=torch.nn.Identity())
+    second = Dense(dense_dims[0], dense_dims[1], bias=False, activation_function=torch.nn.Identity())
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for layer in (first, second):
+            for parameter in layer.parameters():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) / math.sqrt(parameter.shape[-1]))
+    modules = [transformer, Pooling(text_hidden, "mean"), first, second, Normalize()]
+    SentenceTransformer(modules=modules, prompts=dict(EMBEDDINGGEMMA_PROMPTS)).save(str(folder))
+    (folder / "README.md").unlink(missing_ok=True)  # the generated model card: no loader reads it
+    # The hub repository states its max_seq_length in sentence_bert_config.json too (sentence-transformers 6 saves
+    # it in the tokenizer's model_max_length only); both say the same here.
+    st_config = folder / "sentence_bert_config.json"
+    st_config.write_text(json.dumps({**json.loads(st_config.read_text()), "max_seq_length": max_seq_length}, indent=4))
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE / "tiny-gemma4")
     parser.add_argument("--out-gemma3n", type=Path, default=HERE / "tiny-gemma3n")
     parser.add_argument("--out-embeddinggemma2", type=Path, default=HERE / "tiny-embeddinggemma2")
+    parser.add_argument("--out-embeddinggemma", type=Path, default=HERE / "tiny-embeddinggemma")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     build_gemma4(args.out, seed=args.seed)
@@ -427,6 +532,8 @@ def main() -> None:
     print(f"wrote {args.out_gemma3n}")
     build_embeddinggemma2(args.out_embeddinggemma2, seed=args.seed)
     print(f"wrote {args.out_embeddinggemma2}")
+    build_embeddinggemma(args.out_embeddinggemma, seed=args.seed)
+    print(f"wrote {args.out_embeddinggemma}")
 
 
 if __name__ == "__main__":
