@@ -1,11 +1,12 @@
 """Build tiny random Gemma checkpoints, saved exactly as a real one is (`save_pretrained` + processor files).
 
-    python samples/make_tiny_checkpoint.py   # writes samples/tiny-gemma4/, tiny-gemma3n/ and tiny-embeddinggemma2/
+    python samples/make_tiny_checkpoint.py   # writes samples/tiny-gemma4/, tiny-gemma3n/, tiny-embeddinggemma2/,
+                                             # tiny-embeddinggemma/ and tiny-gemma3/
 
-Tests import `build_gemma4`, `build_gemma3n` and `build_embeddinggemma2` to make their own checkpoints through the
-same code. Every
-parameter is drawn at random with a fixed seed, because transformers' default init sets some tables (the vision
-position table, norm weights) to constants, and a constant weight hides a loader that forgot to read it.
+Tests import `build_gemma4`, `build_gemma3n`, `build_embeddinggemma2`, `build_embeddinggemma` and `build_gemma3` to
+make their own checkpoints through the same code. Every parameter is drawn at random with a fixed seed, because
+transformers' default init sets some tables (the vision position table, norm weights) to constants, and a constant
+weight hides a loader that forgot to read it.
 """
 
 from __future__ import annotations
@@ -274,11 +275,14 @@ MEDIA_TOKEN_NAMES = {
 EG2_PROMPTS = {"query": "task: search result | query: ", "document": "title: none | text: "}
 
 
-def tiny_tokenizer(vocab_size: int = 400, add_eos: bool = False, media_tokens: bool = True):
+def tiny_tokenizer(
+    vocab_size: int = 400, add_eos: bool = False, media_tokens: bool = True, named_specials: dict | None = None
+):
     """A byte-level BPE trained on a few sentences (any text tokenizes), adding <bos> like Gemma's tokenizers
     (and <eos> after the text with `add_eos`: a trailing special token, which sentence-transformers' prompt length
     and truncation must both account for). `media_tokens`: name the Gemma 4 family's placeholder tokens as the
-    tokenizer's image_token, boi_token, ... attributes (the multimodal processors read them there)."""
+    tokenizer's image_token, boi_token, ... attributes (the multimodal processors read them there);
+    `named_specials`: other families' special tokens by attribute name instead, added after the shared ones."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -287,7 +291,7 @@ def tiny_tokenizer(vocab_size: int = 400, add_eos: bool = False, media_tokens: b
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(EG2_SPECIAL_TOKENS),
+        special_tokens=list(EG2_SPECIAL_TOKENS) + [t for t in (named_specials or {}).values()],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -307,7 +311,7 @@ def tiny_tokenizer(vocab_size: int = 400, add_eos: bool = False, media_tokens: b
         pad_token="<pad>",
         unk_token="<unk>",
         mask_token="<mask>",
-        extra_special_tokens=MEDIA_TOKEN_NAMES if media_tokens else {},
+        extra_special_tokens=named_specials or (MEDIA_TOKEN_NAMES if media_tokens else {}),
         padding_side="right",
     )
 
@@ -422,6 +426,87 @@ def build_embeddinggemma2(
     return folder
 
 
+# ------------------------------------------------------------------------------------------------- Gemma 3
+
+# Gemma 3's image tokens, by the attribute names Gemma3Processor reads from its tokenizer.
+GEMMA3_IMAGE_TOKENS = {
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+    "image_token": "<image_soft_token>",
+}
+
+
+def tiny_gemma3_config(
+    tokenizer,
+    image_size: int = 224,
+    patch_size: int = 14,
+    tokens_per_image: int = 16,
+    vision_hidden: int = 32,
+    vision_layers: int = 2,
+    vision_heads: int = 2,
+    vision_intermediate: int | None = None,
+    text_hidden: int = 32,
+):
+    """The real google/gemma-3-4b-it is SigLIP at 896 px in 14 px patches (4096 patches, 1152 wide, 27 layers) and
+    256 soft tokens (4 x 4 patches averaged each); here 224 px in 14 px patches (256 patches) and 16 soft tokens,
+    the same 4 x 4 pooling."""
+    from transformers import Gemma3Config, Gemma3TextConfig, SiglipVisionConfig
+
+    vision = SiglipVisionConfig(
+        hidden_size=vision_hidden,
+        intermediate_size=vision_intermediate or 2 * vision_hidden,
+        num_hidden_layers=vision_layers,
+        num_attention_heads=vision_heads,
+        image_size=image_size,
+        patch_size=patch_size,
+        vision_use_head=False,
+    )
+    text = Gemma3TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=text_hidden,
+        intermediate_size=2 * text_hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    ids = {
+        "boi_token_index": tokenizer.convert_tokens_to_ids(GEMMA3_IMAGE_TOKENS["boi_token"]),
+        "eoi_token_index": tokenizer.convert_tokens_to_ids(GEMMA3_IMAGE_TOKENS["eoi_token"]),
+        "image_token_index": tokenizer.convert_tokens_to_ids(GEMMA3_IMAGE_TOKENS["image_token"]),
+    }
+    return Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=tokens_per_image, **ids)
+
+
+def build_gemma3(
+    folder: Path, seed: int = 0, max_shard_size: str | None = None, dtype: torch.dtype = torch.float32, **sizes
+) -> Path:
+    """A tiny Gemma 3 checkpoint laid out like google/gemma-3-4b-it, written by transformers itself:
+    `Gemma3ForConditionalGeneration.save_pretrained` (SigLIP vision tower, multi_modal_projector, language model)
+    and `Gemma3Processor.save_pretrained` (its image processor at the tower's resolution, the tokenizer with
+    Gemma 3's image tokens, image_seq_length)."""
+    from transformers import Gemma3ForConditionalGeneration, Gemma3ImageProcessor, Gemma3Processor
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = tiny_tokenizer(add_eos=False, named_specials=GEMMA3_IMAGE_TOKENS)
+    config = tiny_gemma3_config(tokenizer, **sizes)
+    torch.manual_seed(seed)
+    model = Gemma3ForConditionalGeneration(config).eval()
+    randomize(model, seed)
+    model = model.to(dtype)
+    model.save_pretrained(folder, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    side = config.vision_config.image_size
+    image_processor = Gemma3ImageProcessor(size={"height": side, "width": side})
+    Gemma3Processor(
+        image_processor=image_processor, tokenizer=tokenizer, image_seq_length=config.mm_tokens_per_image
+    ).save_pretrained(folder)
+    return folder
+
+
 # -------------------------------------------------------------------------------------------- EmbeddingGemma
 
 # The task prompts google/embeddinggemma-300m's config_sentence_transformers.json lists (its model card's table).
@@ -524,6 +609,7 @@ def main() -> None:
     parser.add_argument("--out-gemma3n", type=Path, default=HERE / "tiny-gemma3n")
     parser.add_argument("--out-embeddinggemma2", type=Path, default=HERE / "tiny-embeddinggemma2")
     parser.add_argument("--out-embeddinggemma", type=Path, default=HERE / "tiny-embeddinggemma")
+    parser.add_argument("--out-gemma3", type=Path, default=HERE / "tiny-gemma3")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     build_gemma4(args.out, seed=args.seed)
@@ -534,6 +620,8 @@ def main() -> None:
     print(f"wrote {args.out_embeddinggemma2}")
     build_embeddinggemma(args.out_embeddinggemma, seed=args.seed)
     print(f"wrote {args.out_embeddinggemma}")
+    build_gemma3(args.out_gemma3, seed=args.seed)
+    print(f"wrote {args.out_gemma3}")
 
 
 if __name__ == "__main__":

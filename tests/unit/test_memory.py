@@ -175,6 +175,23 @@ def test_embeddinggemma_text_cost_model_never_underestimates_measured_peaks(leng
     assert measured_mib * 2**20 <= modelled <= 1.2 * measured_mib * 2**20
 
 
+# Gemma 3's SigLIP tower + multi_modal_projector (`python -m bench.bench_family_memory gemma3`, bench/MEMORY.md):
+# (hidden, intermediate, heads, patches, batch, bytes per element, measured MiB); 14 px patches, SDPA, 2 layers.
+SIGLIP_MEASURED = [
+    (1152, 4304, 16, 4096, 1, 4, 206.5),
+    (1152, 4304, 16, 4096, 2, 4, 413.0),
+    (1152, 4304, 16, 1024, 1, 4, 51.6),
+    (1152, 4304, 16, 4096, 1, 2, 103.2),
+    (256, 1024, 4, 4096, 1, 4, 48.0),
+]
+
+
+@pytest.mark.parametrize("d, i, h, n, b, s, measured_mib", SIGLIP_MEASURED)
+def test_siglip_cost_model_never_underestimates_measured_peaks(d, i, h, n, b, s, measured_mib):
+    modelled = b * memory.siglip_item_cost(n, d, i, h, s)
+    assert measured_mib * 2**20 <= modelled <= 1.2 * measured_mib * 2**20
+
+
 def test_text_cost_is_linear_below_the_window_and_quadratic_above():
     def cost(n):
         return memory.text_sequence_cost(n, 512, 2048, 6, 64, 4, sliding_window=512)
