@@ -23,7 +23,8 @@ import torch
 
 from gemma_embed.memory import siglip_item_cost
 from gemma_embed.models.base import EncoderTower, PreparedItem, Unit
-from gemma_embed.models.loading import Checkpoint, load_processor, tower_configs
+from gemma_embed.models.fixed_resolution import FixedResolutionImagePreparer, FixedResolutionVideoPreparer
+from gemma_embed.models.loading import Checkpoint, tower_configs
 
 MODEL_TYPE = "gemma3"
 VISION_MODEL_TYPE = "siglip_vision_model"
@@ -34,8 +35,6 @@ PAN_AND_SCAN_KEYS = (
     "pan_and_scan_max_num_crops",
     "pan_and_scan_min_ratio_to_activate",
 )
-# Gemma 3 has no video processor: frames are sampled by count, as Gemma 4's video processor does by default.
-VIDEO_NUM_FRAMES = 32
 
 
 def is_gemma3(checkpoint: Checkpoint) -> bool:
@@ -115,32 +114,13 @@ class Gemma3VisionTower(EncoderTower):
         return rows.reshape(-1, rows.shape[-1])
 
 
-class _Gemma3Preparer:
-    """The checkpoint's own image processor, one image (or frame) per call, and the rows a unit yields."""
-
-    def __init__(self, checkpoint: Checkpoint, space: str = "language"):
-        self.processor = load_processor(checkpoint, "AutoImageProcessor", "image processor")
-        self.rows = rows_per_image(checkpoint.config, space)
-        self.patches = patches_per_image(checkpoint.config.vision_config)
-        self.space = space
-
-    def _units(self, pixel_values: torch.Tensor) -> list[Unit]:
-        return [
-            Unit(inputs={"pixel_values": pixels.contiguous()}, length=self.patches, rows=self.rows)
-            for pixels in pixel_values
-        ]
-
-    def _size(self) -> dict:
-        size = self.processor.size
-        return {"resized_width": int(size["width"]), "resized_height": int(size["height"])}
-
-
-class Gemma3ImagePreparer(_Gemma3Preparer):
+class Gemma3ImagePreparer(FixedResolutionImagePreparer):
     """A decoded image -> one unit (the whole image at the tower's resolution), plus its pan-and-scan crops as
     further units when `pan_and_scan` is set (as `Gemma3Processor(..., do_pan_and_scan=True)` makes them)."""
 
     def __init__(self, checkpoint: Checkpoint, space: str = "language", pan_and_scan: bool = False):
-        super().__init__(checkpoint, space)
+        config = checkpoint.config
+        super().__init__(checkpoint, patches_per_image(config.vision_config), rows_per_image(config, space))
         self.pan_and_scan = bool(pan_and_scan)
         self.kwargs: dict = {}
         if self.pan_and_scan:
@@ -153,37 +133,25 @@ class Gemma3ImagePreparer(_Gemma3Preparer):
                 self.kwargs[key] = configured if configured is not None else defaults[key]
 
     def describe(self) -> dict:
-        return {"processor": type(self.processor).__name__, "pan_and_scan": self.pan_and_scan, **self._size()}
+        return {**super().describe(), "pan_and_scan": self.pan_and_scan}
 
     def prepare(self, decoded) -> PreparedItem:
         """decoded: a `media.image.DecodedImage` (its RGB image and what the file was: mode, frames)."""
+        if not self.pan_and_scan:
+            return super().prepare(decoded)
         image = decoded.image
         out = self.processor([image], return_tensors="pt", **self.kwargs)
-        units = self._units(out["pixel_values"])
-        crops = int(out["num_crops"][0]) if "num_crops" in out else 0
+        units = self.units(out["pixel_values"])
+        crops = int(out["num_crops"][0])
         if len(units) != 1 + crops:
             raise ValueError(f"the image processor gave {len(units)} images for 1 image and {crops} crops")
-        meta = {"width": image.width, "height": image.height, **decoded.meta, **self._size(), "patches": self.patches}
-        if self.pan_and_scan:
-            meta["crops"] = crops
+        meta = {"width": image.width, "height": image.height, **decoded.meta, **self.resized_size(), "crops": crops}
         return PreparedItem(units=units, meta=meta, rows_per_unit=self.rows)
 
 
-class Gemma3VideoPreparer(_Gemma3Preparer):
+class Gemma3VideoPreparer(FixedResolutionVideoPreparer):
     """A decoded video's sampled frames -> one unit per frame, each through the image processor as an image."""
 
-    num_frames = VIDEO_NUM_FRAMES  # the sampling policy (media/video.py's resolve_policy reads these)
-    fps = None
-
-    def describe(self) -> dict:
-        return {"processor": type(self.processor).__name__, "num_frames": self.num_frames, **self._size()}
-
-    def prepare(self, video) -> PreparedItem:
-        # Frames are (H, W, 3): say so. Left to guess, the processor reads a 1x1 or 3-pixel-wide frame as
-        # channels-first.
-        units = []
-        for frame in video.frames:
-            out = self.processor([frame], return_tensors="pt", input_data_format="channels_last")
-            units += self._units(out["pixel_values"])
-        meta = {**video.facts(), "rows_per_frame": self.rows, **self._size(), "patches": self.patches}
-        return PreparedItem(units=units, meta=meta, rows_per_unit=self.rows)
+    def __init__(self, checkpoint: Checkpoint, space: str = "language"):
+        config = checkpoint.config
+        super().__init__(checkpoint, patches_per_image(config.vision_config), rows_per_image(config, space))
