@@ -23,7 +23,7 @@ import torch
 
 from gemma_embed.memory import siglip_item_cost
 from gemma_embed.models.base import EncoderTower, PreparedItem, Unit
-from gemma_embed.models.fixed_resolution import FixedResolutionImagePreparer, FixedResolutionVideoPreparer
+from gemma_embed.models.fixed_resolution import FixedResolutionPreparer, FixedResolutionVideoPreparer
 from gemma_embed.models.loading import Checkpoint, tower_configs
 
 MODEL_TYPE = "gemma3"
@@ -114,7 +114,7 @@ class Gemma3VisionTower(EncoderTower):
         return rows.reshape(-1, rows.shape[-1])
 
 
-class Gemma3ImagePreparer(FixedResolutionImagePreparer):
+class Gemma3ImagePreparer(FixedResolutionPreparer):
     """A decoded image -> one unit (the whole image at the tower's resolution), plus its pan-and-scan crops as
     further units when `pan_and_scan` is set (as `Gemma3Processor(..., do_pan_and_scan=True)` makes them)."""
 
@@ -122,7 +122,8 @@ class Gemma3ImagePreparer(FixedResolutionImagePreparer):
         config = checkpoint.config
         super().__init__(checkpoint, patches_per_image(config.vision_config), rows_per_image(config, space))
         self.pan_and_scan = bool(pan_and_scan)
-        self.kwargs: dict = {}
+        # Said either way, as Gemma3Processor says it (its default is False whatever the image processor's says).
+        self.kwargs: dict = {"do_pan_and_scan": self.pan_and_scan}
         if self.pan_and_scan:
             from transformers import Gemma3Processor
 
@@ -137,15 +138,15 @@ class Gemma3ImagePreparer(FixedResolutionImagePreparer):
 
     def prepare(self, decoded) -> PreparedItem:
         """decoded: a `media.image.DecodedImage` (its RGB image and what the file was: mode, frames)."""
-        if not self.pan_and_scan:
-            return super().prepare(decoded)
         image = decoded.image
         out = self.processor([image], return_tensors="pt", **self.kwargs)
         units = self.units(out["pixel_values"])
-        crops = int(out["num_crops"][0])
+        crops = int(out["num_crops"][0]) if "num_crops" in out else 0
         if len(units) != 1 + crops:
             raise ValueError(f"the image processor gave {len(units)} images for 1 image and {crops} crops")
-        meta = {"width": image.width, "height": image.height, **decoded.meta, **self.resized_size(), "crops": crops}
+        meta = {"width": image.width, "height": image.height, **decoded.meta, **self.resized_size()}
+        if self.pan_and_scan:
+            meta["crops"] = crops
         return PreparedItem(units=units, meta=meta, rows_per_unit=self.rows)
 
 
