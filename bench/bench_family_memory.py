@@ -8,7 +8,8 @@ As bench_memory does for Gemma 4: the peak of the running sum of the profiler's 
 forward on the CPU (tower + projection, as the tool runs them), inputs and weights excluded. Gemma 3: the real
 SigLIP width of google/gemma-3-4b-it (hidden 1152, intermediate 4304, 16 heads, 14 px patches) at its 896 px
 resolution (4096 patches) and at 448 px, with 2 layers instead of 27 (activations are freed layer by layer), and
-a narrow tower. Results go in bench/MEMORY.md.
+a narrow tower. Gemma 3n: timm's `mobilenetv5_300m_enc` as released (294M parameters, random weights) at 768 px
+(its processor's size) and 512 px. Results go in bench/MEMORY.md.
 """
 
 from __future__ import annotations
@@ -77,9 +78,46 @@ def main_gemma3() -> None:
         )
 
 
+def measure_mobilenetv5(image_size: int, batch: int, dtype, channel_multiplier: float = 1.0) -> tuple[int, int]:
+    """timm's encoder forward (what TimmWrapperModel runs for get_image_features); embed_vision on its 256 soft
+    tokens is a few MiB and never the peak."""
+    import timm
+
+    from gemma_embed.memory import mobilenetv5_item_cost
+
+    model = timm.create_model(
+        "mobilenetv5_300m_enc", pretrained=False, num_classes=0, channel_multiplier=channel_multiplier
+    )
+    model = model.eval().to(dtype)
+    pixels = torch.rand(batch, 3, image_size, image_size).to(dtype)
+    with torch.inference_mode():
+        model.forward_features(pixels)  # warm-up
+        measured = peak_transient(lambda: model.forward_features(pixels))
+    element = torch.empty((), dtype=dtype).element_size()
+    return measured, batch * mobilenetv5_item_cost(image_size * image_size, element)
+
+
+def main_gemma3n() -> None:
+    cases = [
+        (768, 1, torch.float32),
+        (512, 1, torch.float32),
+        (512, 2, torch.float32),
+        (768, 1, torch.bfloat16),
+    ]
+    print("| input px | batch | dtype | measured MiB | model MiB | model / measured |")
+    print("|---|---|---|---|---|---|")
+    for image_size, batch, dtype in cases:
+        measured, modelled = measure_mobilenetv5(image_size, batch, dtype)
+        print(
+            f"| {image_size} | {batch} | {str(dtype)[6:]} | {measured / 2**20:.1f} | {modelled / 2**20:.1f} | "
+            f"{modelled / measured:.2f} |",
+            flush=True,
+        )
+
+
 def main() -> None:
     which = sys.argv[1] if len(sys.argv) > 1 else "gemma3"
-    {"gemma3": main_gemma3}[which]()
+    {"gemma3": main_gemma3, "gemma3n": main_gemma3n}[which]()
 
 
 if __name__ == "__main__":

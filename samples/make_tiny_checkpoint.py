@@ -80,11 +80,12 @@ def tiny_gemma4_config(
 
 
 @torch.no_grad()
-def randomize(model: torch.nn.Module, seed: int) -> None:
-    """Give every saved tensor a random value that matters (clip bounds finite, norms away from 1)."""
+def randomize(model: torch.nn.Module, seed: int, skip: tuple[str, ...] = ()) -> None:
+    """Give every saved tensor a random value that matters (clip bounds finite, norms away from 1); tensors whose
+    names start with a `skip` prefix keep theirs."""
     gen = torch.Generator().manual_seed(seed)
     for name, tensor in sorted(model.state_dict(keep_vars=True).items()):
-        if not tensor.is_floating_point():
+        if not tensor.is_floating_point() or name.startswith(skip):
             continue
         leaf = name.rsplit(".", 1)[-1]
         shape = tensor.shape
@@ -142,8 +143,22 @@ def build_gemma4(
     return folder
 
 
+# The real MobileNetV5 (`mobilenetv5_300m_enc`, 294M parameters) at 768 px fuses its last two stages (48 x 48 and
+# 24 x 24) into 16 x 16 = 256 soft tokens of 2048 (a width fixed by timm's code), average-pooling 3 x 3. The tiny
+# one is the same timm architecture, built offline by timm's own code (architectures are code, not downloads) with
+# the `model_args` transformers passes to timm.create_model: channels x 0.02 (2.3M parameters; the attention
+# heads keep their widths) and the fusion's output at 2 x 2 from a 64 px input, whose fused stages are 4 x 4 and
+# 2 x 2: the fusion average-pools 2 x 2, as the real one pools, into 4 soft tokens.
+GEMMA3N_TINY_VISION = {"image_size": 64, "model_args": {"channel_multiplier": 0.02, "msfa_output_resolution": 2}}
+
+
 def tiny_gemma3n_config(
-    audio_hidden: int = 32, audio_layers: int = 2, sscp_channels=(16, 8), text_hidden: int = 32, vocab_size: int = 512
+    audio_hidden: int = 32,
+    audio_layers: int = 2,
+    sscp_channels=(16, 8),
+    text_hidden: int = 32,
+    vocab_size: int = 512,
+    vision_model_args: dict | None = None,
 ):
     from transformers import Gemma3nAudioConfig, Gemma3nConfig, Gemma3nTextConfig, Gemma3nVisionConfig
 
@@ -170,9 +185,12 @@ def tiny_gemma3n_config(
         conf_num_attention_heads=4,
         sscp_conv_channel_size=list(sscp_channels),
     )
-    # Only embed_vision is built from the vision config (the timm tower is stubbed out, see below).
-    vision = Gemma3nVisionConfig(hidden_size=16)
-    return Gemma3nConfig(text_config=text, audio_config=audio, vision_config=vision)
+    model_args = GEMMA3N_TINY_VISION["model_args"] if vision_model_args is None else vision_model_args
+    vision = Gemma3nVisionConfig(model_args=dict(model_args) or None)  # hidden 2048: MobileNetV5's fixed output
+    side = int(model_args.get("msfa_output_resolution", 16))
+    return Gemma3nConfig(
+        text_config=text, audio_config=audio, vision_config=vision, vision_soft_tokens_per_image=side * side
+    )
 
 
 @contextlib.contextmanager
@@ -180,9 +198,9 @@ def gemma3n_without_vision_tower():
     """Build Gemma3n models with an empty module in place of the timm vision tower.
 
     Gemma3nModel always builds `vision_tower` with timm (MobileNetV5, 294M parameters at the default config);
-    timm is not a dependency of this project and the audio path never touches that tower. The tiny checkpoints
-    therefore hold no vision-tower tensors, and the test reference (the full `Gemma3nForConditionalGeneration`
-    from `from_pretrained`) is built the same way.
+    timm is an optional dependency (the `gemma3n` extra) and the audio path never touches that tower. Audio-only
+    checkpoints (`build_gemma3n(vision=False)`) hold no vision-tower tensors, and audio test references (the full
+    `Gemma3nForConditionalGeneration` from `from_pretrained`) are built the same way, skipping the tower.
     """
     import transformers.models.gemma3n.modeling_gemma3n as modeling
     from transformers import Gemma3nVisionConfig
@@ -203,20 +221,76 @@ def gemma3n_without_vision_tower():
         modeling.AutoModel = real
 
 
-def build_gemma3n(folder: Path, seed: int = 0, max_shard_size: str | None = None, **config_kwargs) -> Path:
-    """A tiny Gemma 3n checkpoint (audio tower, text model, embedders; no vision tower) + its feature extractor."""
-    from transformers import Gemma3nAudioFeatureExtractor, Gemma3nForConditionalGeneration
+def build_gemma3n(
+    folder: Path, seed: int = 0, max_shard_size: str | None = None, vision: bool = True, **config_kwargs
+) -> Path:
+    """A tiny Gemma 3n checkpoint laid out like google/gemma-3n-E2B-it: audio tower, vision tower (timm's
+    MobileNetV5, see GEMMA3N_TINY_VISION; needs timm), text model and embedders, saved by transformers, with its
+    processor files (`Gemma3nProcessor.save_pretrained`: the audio feature extractor, the image processor at the
+    tower's input size, a tokenizer with Gemma 3n's media tokens). `vision=False`: no vision-tower tensors (built
+    with an empty module in its place, for machines without timm) and only the feature extractor."""
+    from transformers import (
+        Gemma3nAudioFeatureExtractor,
+        Gemma3nForConditionalGeneration,
+        Gemma3nProcessor,
+        SiglipImageProcessor,
+    )
 
     torch.manual_seed(seed)
-    with gemma3n_without_vision_tower():
-        model = Gemma3nForConditionalGeneration(tiny_gemma3n_config(**config_kwargs)).eval()
-    randomize(model, seed)
+    config = tiny_gemma3n_config(**config_kwargs)
+    with contextlib.nullcontext() if vision else gemma3n_without_vision_tower():
+        model = Gemma3nForConditionalGeneration(config).eval()
+    # The vision tower's tensors sort last: skipping them leaves every other tensor's random value as it was.
+    randomize(model, seed, skip=("model.vision_tower.",))
+    if vision:
+        condition_mobilenetv5(model.model.vision_tower, seed)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(folder, **kwargs)
-    Gemma3nAudioFeatureExtractor().save_pretrained(folder)  # preprocessor_config.json
+    if not vision:
+        Gemma3nAudioFeatureExtractor().save_pretrained(folder)  # preprocessor_config.json
+        return folder
+    side = GEMMA3N_TINY_VISION["image_size"]
+    # MobileNetV5 takes pixels in [0, 1] (its timm config's mean 0, std 1): rescaled, not normalised.
+    image_processor = SiglipImageProcessor(size={"height": side, "width": side}, do_normalize=False)
+    tokenizer = tiny_tokenizer(named_specials=GEMMA3N_MEDIA_TOKENS)
+    Gemma3nProcessor(
+        feature_extractor=Gemma3nAudioFeatureExtractor(),
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        image_seq_length=config.vision_soft_tokens_per_image,
+    ).save_pretrained(folder)
     return folder
+
+
+@torch.no_grad()
+def condition_mobilenetv5(tower: torch.nn.Module, seed: int) -> None:
+    """Random norms and layer scales on timm's own initialisation of the convolution and projection weights.
+
+    `randomize` on every MobileNetV5 weight makes a chaotic network (its 33 attention blocks each amplify rounding:
+    transformers' own float32 output for an image moved by 6% between a batch of 4 and the image alone, measured
+    in float64 to be rounding only). With timm's initialisation, norm weights drawn around 1 and layer scales
+    around 0.3 (timm starts them at 1e-5, which would leave every block an identity), it moves by 2e-6. Outputs
+    then depend little on any single early weight (halving one changes them by ~1e-6): the loader's tests compare
+    every tensor with transformers' own loaded tower instead."""
+    gen = torch.Generator().manual_seed(seed + 7)
+    for name, tensor in sorted(tower.named_parameters()):
+        if name.endswith(".gamma"):
+            tensor.copy_(0.3 * (1.0 + 0.2 * torch.randn(tensor.shape, generator=gen)))
+        elif tensor.dim() <= 1 and (".norm" in name or ".bn" in name):
+            tensor.copy_(1.0 + 0.2 * torch.randn(tensor.shape, generator=gen))
+
+
+# Gemma 3n's media tokens, by the attribute names Gemma3nProcessor reads from its tokenizer.
+GEMMA3N_MEDIA_TOKENS = {
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+    "image_token": "<image_soft_token>",
+    "boa_token": "<start_of_audio>",
+    "eoa_token": "<end_of_audio>",
+    "audio_token": "<audio_soft_token>",
+}
 
 
 # ------------------------------------------------------------------------------------------ EmbeddingGemma 2

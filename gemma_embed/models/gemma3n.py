@@ -1,4 +1,5 @@
-"""Gemma 3n: audio tower (a USM conformer) + `embed_audio`. Its vision tower needs timm and is not wired in.
+"""Gemma 3n: audio tower (a USM conformer) + `embed_audio`. Its vision tower (timm's MobileNetV5) is
+models/gemma3n_vision.py.
 
 Two things differ from Gemma 4 and both matter for exactness:
 

@@ -192,6 +192,22 @@ def test_siglip_cost_model_never_underestimates_measured_peaks(d, i, h, n, b, s,
     assert measured_mib * 2**20 <= modelled <= 1.2 * measured_mib * 2**20
 
 
+# Gemma 3n's MobileNetV5 encoder as released (`python -m bench.bench_family_memory gemma3n`, bench/MEMORY.md):
+# (input side in pixels, batch, bytes per element, measured MiB).
+MOBILENETV5_MEASURED = [
+    (768, 1, 4, 375.9),
+    (512, 1, 4, 168.6),
+    (512, 2, 4, 337.2),
+    (768, 1, 2, 297.2),
+]
+
+
+@pytest.mark.parametrize("side, b, s, measured_mib", MOBILENETV5_MEASURED)
+def test_mobilenetv5_cost_model_never_underestimates_measured_peaks(side, b, s, measured_mib):
+    modelled = b * memory.mobilenetv5_item_cost(side * side, s)
+    assert measured_mib * 2**20 <= modelled <= 1.2 * measured_mib * 2**20
+
+
 def test_text_cost_is_linear_below_the_window_and_quadratic_above():
     def cost(n):
         return memory.text_sequence_cost(n, 512, 2048, 6, 64, 4, sliding_window=512)
