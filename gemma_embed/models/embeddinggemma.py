@@ -200,3 +200,37 @@ class EmbeddingGemmaTextTower:
         ids, mask, pool = (t.to(self.device) for t in token_batch(units, self.pad_id))
         hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
         return self.head(mean_pool(hidden, pool))  # (B, D): one row per unit, split by the engine
+
+
+# ------------------------------------------------------------------------------------------- the family
+
+
+def build_text(config, checkpoint: Checkpoint, device, dtype, space):
+    from gemma_embed.modalities import Stage, text_stages
+
+    setup = read_sentence_transformers(checkpoint)
+    preparer = EmbeddingGemmaPreparer(checkpoint, setup, config.prompt, config.prompt_name)
+    tower = EmbeddingGemmaTextTower(checkpoint, device, dtype, setup, dim=config.dim, load=False)
+    return text_stages(preparer, [Stage(tower, space)])
+
+
+def _check(config, space) -> None:
+    refuse_float16(config.dtype)
+
+
+def _family():
+    from gemma_embed.config import Modality, Space
+    from gemma_embed.models.family import Family, Support
+
+    return Family(
+        name="EmbeddingGemma",
+        model_types=(MODEL_TYPE,),
+        examples=("google/embeddinggemma-300m",),
+        commands={Modality.text: Support(build_text, (Space.retrieval,))},
+        check=_check,
+        matches=lambda config: bool(getattr(config, "use_bidirectional_attention", False)),
+        described_as=f"{MODEL_TYPE} with use_bidirectional_attention",
+    )
+
+
+FAMILY = _family()

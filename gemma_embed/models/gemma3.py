@@ -71,7 +71,7 @@ class Gemma3VisionTower(EncoderTower):
         ("multi_modal_projector", ("model.multi_modal_projector.", "multi_modal_projector.")),
     )
 
-    def __init__(self, checkpoint: Checkpoint, device, dtype):
+    def __init__(self, checkpoint: Checkpoint, device, dtype, load: bool = True):
         from transformers import SiglipVisionModel
         from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
 
@@ -86,6 +86,7 @@ class Gemma3VisionTower(EncoderTower):
             lambda: SiglipVisionModel(vision_config),
             lambda: Gemma3MultiModalProjector(config),
             {"tower": vision_config.hidden_size, "language": text_config.hidden_size},
+            load=load,
         )
         self.patches = patches_per_image(vision_config)
         self.tokens = int(config.mm_tokens_per_image)
@@ -156,3 +157,41 @@ class Gemma3VideoPreparer(FixedResolutionVideoPreparer):
     def __init__(self, checkpoint: Checkpoint, space: str = "language"):
         config = checkpoint.config
         super().__init__(checkpoint, patches_per_image(config.vision_config), rows_per_image(config, space))
+
+
+# ------------------------------------------------------------------------------------------- the family
+
+
+def build_images(config, checkpoint: Checkpoint, device, dtype, space):
+    from gemma_embed.modalities import Stage, image_stages
+
+    preparer = Gemma3ImagePreparer(checkpoint, str(space), pan_and_scan=config.pan_and_scan)
+    return image_stages(preparer, [Stage(Gemma3VisionTower(checkpoint, device, dtype, load=False), space)])
+
+
+def build_video(config, checkpoint: Checkpoint, device, dtype, space):
+    from gemma_embed.modalities import Stage, video_stages
+
+    preparer = Gemma3VideoPreparer(checkpoint, str(space))
+    chain = [Stage(Gemma3VisionTower(checkpoint, device, dtype, load=False), space)]
+    return video_stages(config, preparer, chain, preparer.num_frames, preparer.fps)
+
+
+def _family():
+    from gemma_embed.config import Modality, Pool, Space
+    from gemma_embed.models.family import Family, Support
+
+    towers = (Space.language, Space.tower)
+    vision = ("vision", VISION_MODEL_TYPE)
+    return Family(
+        name="Gemma 3",
+        model_types=(MODEL_TYPE,),
+        examples=("google/gemma-3-4b-it", "google/gemma-3-27b-it"),
+        commands={
+            Modality.images: Support(build_images, towers, tower=vision),
+            Modality.video: Support(build_video, towers, pools=(Pool.none, Pool.mean, Pool.frame), tower=vision),
+        },
+    )
+
+
+FAMILY = _family()

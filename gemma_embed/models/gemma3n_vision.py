@@ -53,7 +53,7 @@ class Gemma3nVisionTower(EncoderTower):
     grouping = "exact"
     parts = (("vision_tower", ("model.vision_tower.",)), ("embed_vision", ("model.embed_vision.",)))
 
-    def __init__(self, checkpoint: Checkpoint, device, dtype):
+    def __init__(self, checkpoint: Checkpoint, device, dtype, load: bool = True):
         require_timm(checkpoint)
         from transformers import TimmWrapperModel
         from transformers.models.gemma3n.modeling_gemma3n import Gemma3nMultimodalEmbedder
@@ -71,6 +71,7 @@ class Gemma3nVisionTower(EncoderTower):
             lambda: TimmWrapperModel(vision_config),  # what Gemma3nModel's AutoModel.from_config builds
             lambda: Gemma3nMultimodalEmbedder(vision_config, text_config),
             {"tower": vision_config.hidden_size, "language": text_config.hidden_size},
+            load=load,
         )
         self.tokens = int(checkpoint.config.vision_soft_tokens_per_image)
 
@@ -106,3 +107,21 @@ class Gemma3nVideoPreparer(FixedResolutionVideoPreparer):
     def __init__(self, checkpoint: Checkpoint):
         super().__init__(checkpoint, 0, int(checkpoint.config.vision_soft_tokens_per_image))
         self.length = input_pixels(self.processor)
+
+
+# ------------------------------------------------------------------------------------------- the family's vision
+
+
+def build_images(config, checkpoint: Checkpoint, device, dtype, space):
+    from gemma_embed.modalities import Stage, image_stages
+
+    tower = Gemma3nVisionTower(checkpoint, device, dtype, load=False)
+    return image_stages(Gemma3nImagePreparer(checkpoint), [Stage(tower, space)])
+
+
+def build_video(config, checkpoint: Checkpoint, device, dtype, space):
+    from gemma_embed.modalities import Stage, video_stages
+
+    preparer = Gemma3nVideoPreparer(checkpoint)
+    chain = [Stage(Gemma3nVisionTower(checkpoint, device, dtype, load=False), space)]
+    return video_stages(config, preparer, chain, preparer.num_frames, preparer.fps)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import record_batches, record_outputs, spy_tensor_reads
 
-from gemma_embed.engine import Engine, encode_items
+from gemma_embed.embedder import Embedder
 from gemma_embed.errors import CheckpointError, UsageError
 from gemma_embed.models.embeddinggemma import (
     EmbeddingGemmaPreparer,
@@ -63,20 +63,22 @@ def reference():
 
 
 class Run:
-    """The preparer and the text tower of one checkpoint on the shared Engine (a fixed cap: no speed tuning)."""
+    """One checkpoint as a user runs it from Python (`Embedder`: the registry, the family's stages, the engine at
+    a fixed cap), with its preparer and text tower beside it for the tests that look inside."""
 
     def __init__(self, path, dim: int | None = None, dtype=torch.float32):
         self.checkpoint = resolve_checkpoint(str(path))
         self.setup = read_sentence_transformers(self.checkpoint)
-        self.tower = EmbeddingGemmaTextTower(self.checkpoint, "cpu", dtype, self.setup, dim=dim)
-        self.engine = Engine(self.tower, "retrieval", batch_cap=8)
+        EmbeddingGemmaTextTower(self.checkpoint, "cpu", dtype, self.setup, dim=dim, load=False)  # its checks
+        self.dim = dim
+        self.embedder = Embedder(str(path), device="cpu", dtype=str(dtype).removeprefix("torch."), batch_size=8)
+        self.tower = self.embedder.load("text", dim=dim).engines[0].tower  # the one the Embedder runs
 
     def embed(self, lines: list[str], **prompt) -> tuple[list, list]:
+        """The Embedder's vectors, and the preparer's items (their metadata: tokens, truncated_tokens)."""
+        vectors = self.embedder.embed(lines, modality="text", dim=self.dim, **prompt)
         preparer = EmbeddingGemmaPreparer(self.checkpoint, self.setup, **prompt)
-        items = [preparer.prepare(line) for line in lines]
-        out: dict = {}
-        encode_items(self.engine, items, [f"line{i}" for i in range(len(items))], out.__setitem__)
-        return [out[i] for i in range(len(items))], items
+        return vectors, [preparer.prepare(line) for line in lines]
 
 
 @pytest.fixture(scope="module")
@@ -221,3 +223,43 @@ def test_bf16_device_batch_is_bit_equal_to_transformers_bf16_model(folder, monke
             theirs = model(input_ids=ids, attention_mask=mask).last_hidden_state
         assert theirs.dtype == torch.bfloat16 and torch.equal(theirs, ours_hidden)
         assert torch.equal(bf16.tower.head(mean_pool(theirs, pool)), rows)
+
+
+def test_the_text_command_equals_sentence_transformers_and_search_uses_the_query_prompt(tmp_path, folder, reference):
+    """`gemma-embed text` on a lines file (the registry's EmbeddingGemma family, the writer), then `search`."""
+    from helpers import run_images
+
+    import gemma_embed
+    from gemma_embed.search import Query, query_index
+
+    lines = tmp_path / "lines.txt"
+    lines.write_text("\n".join(LINES) + "\n")
+    out = tmp_path / "eg.safetensors"
+    code, records, err = run_images([lines], folder, out, modality="text", prompt_name="document")
+    assert code == 0, err
+    ours = gemma_embed.load(out)
+    keys = gemma_embed.read_metadata(out)["keys"]
+    expected = reference(folder).encode(LINES, prompt_name="document")
+    assert_equal_to_reference([ours[k] for k in keys], expected)
+    (hit,) = query_index(out, Query(text=LINES[1]), k=1, device="cpu")
+    assert hit.key == keys[1]
+    query = reference(folder).encode([LINES[1]], prompt_name="query")[0]
+    assert hit.score == pytest.approx(float(np.dot(query, expected[1])), abs=1e-5)
+
+
+def test_float16_on_the_command_line_is_one_error_line_exit_2(tmp_path, folder):
+    from typer.testing import CliRunner
+
+    from gemma_embed.cli import app
+
+    lines = tmp_path / "lines.txt"
+    lines.write_text("a line\n")
+    result = CliRunner().invoke(
+        app, ["text", str(lines), "--model", str(folder), "--dtype", "float16", "-o", str(tmp_path / "o.safetensors")]
+    )
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: EmbeddingGemma does not run in float16: its activations overflow float16 (NaN vectors); "
+        "use --dtype bfloat16 or float32"
+    ]
+    assert not (tmp_path / "o.safetensors").exists()

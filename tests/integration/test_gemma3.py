@@ -207,3 +207,27 @@ def test_bf16_device_batches_are_bit_equal_to_transformers_bf16_model(folder, ch
         expected = features(model, pixels, "language")
         assert expected.dtype == rows.dtype == torch.bfloat16
         assert torch.equal(rows, expected)
+
+
+def test_the_images_command_with_pan_and_scan_equals_the_processors_crops(tmp_path, folder, reference):
+    """`gemma-embed images --pan-and-scan` on a Gemma 3 folder (the registry's Gemma 3 family, the writer): each
+    item's rows are Gemma3Processor's crops through get_image_features, in its order."""
+    from helpers import run_images
+
+    import gemma_embed
+
+    model, _, processor = reference
+    paths = [MIXED["wide"], MIXED["cmyk"], MIXED["1x1"]]
+    out = tmp_path / "g3.safetensors"
+    code, _, err = run_images(paths, folder, out, pan_and_scan=True, batch_size=4)
+    assert code == 0, err
+    ours, meta = gemma_embed.load(out), gemma_embed.read_metadata(out)
+    crops = {}
+    for key, item in zip(meta["keys"], meta["items"], strict=True):
+        image = decode_image(item["path"]).image
+        batch = processor(images=[[image]], text=[processor.boi_token], do_pan_and_scan=True, return_tensors="pt")
+        expected = features(model, batch["pixel_values"], "language")
+        assert ours[key].shape == expected.shape
+        assert rel_error(ours[key], expected) < TOLERANCE, item["path"]
+        crops[item["path"]] = item["crops"]
+    assert crops == {str(MIXED["wide"]): 4, str(MIXED["cmyk"]): 0, str(MIXED["1x1"]): 0}

@@ -148,3 +148,21 @@ def test_bf16_device_batches_are_bit_equal_to_transformers_bf16_model(folder, ch
         expected = features(model, torch.stack([u.inputs["pixel_values"] for u in units]))["language"]
         assert expected.dtype == rows.dtype == torch.bfloat16
         assert torch.equal(rows, expected)
+
+
+def test_the_images_command_on_a_gemma3n_folder_equals_get_image_features(tmp_path, folder, reference):
+    """`gemma-embed images` on a Gemma 3n folder: the registry's Gemma 3n family now serves images (its audio as
+    before), each item equal to the processor + get_image_features."""
+    from helpers import run_images
+
+    import gemma_embed
+
+    model, image_processor = reference
+    out = tmp_path / "g3n.safetensors"
+    code, _, err = run_images(IMAGES[:2], folder, out, batch_size=2, space="tower")
+    assert code == 0, err
+    ours, meta = gemma_embed.load(out), gemma_embed.read_metadata(out)
+    for key, item in zip(meta["keys"], meta["items"], strict=True):
+        image = decode_image(item["path"]).image
+        expected = features(model, image_processor([image], return_tensors="pt")["pixel_values"])["tower"]
+        assert rel_error(ours[key], expected) < TOLERANCE, item["path"]
