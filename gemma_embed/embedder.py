@@ -32,7 +32,18 @@ OVERLAP_ON_CPU = False
 # reported) within seconds of the start, and a stop loses little, while a GPU still gets full buckets.
 WINDOW_SECONDS = 4.0
 # What a command's stages depend on besides the checkpoint: a change in any of them is another set of stages.
-STAGE_OPTIONS = ("space", "pool", "dim", "prompt", "prompt_name", "max_soft_tokens", "fps", "max_frames", "window_s")
+STAGE_OPTIONS = (
+    "space",
+    "pool",
+    "dim",
+    "prompt",
+    "prompt_name",
+    "max_soft_tokens",
+    "pan_and_scan",
+    "fps",
+    "max_frames",
+    "window_s",
+)
 
 
 class Sink(Protocol):

@@ -283,10 +283,10 @@ def test_an_unreachable_hub_fails_fast_in_one_line(tmp_path):
             "(see 'gemma-embed images --help')",
         ),
         (
-            ["--model", ROOT / "samples" / "tiny-gemma3n"],
-            f"error: {ROOT / 'samples' / 'tiny-gemma3n'}: images need a vision tower of type gemma4_vision "
-            "(Gemma 4 and EmbeddingGemma 2 checkpoints); this gemma3n checkpoint's is gemma3n_vision, which is "
-            "not supported",
+            ["--model", ROOT / "samples" / "tiny-embeddinggemma"],
+            f"error: {ROOT / 'samples' / 'tiny-embeddinggemma'}: this gemma3_text checkpoint has no vision tower; "
+            "images need one of type gemma4_vision (Gemma 4 and EmbeddingGemma 2 checkpoints); siglip_vision_model "
+            "(Gemma 3 checkpoints); gemma3n_vision (Gemma 3n checkpoints)",
         ),
     ],
     ids=["bare-budget", "bad-device", "unsupported-model"],

@@ -63,7 +63,7 @@ def bf16_model():
 def gemma3n_dir(tmp_path_factory):
     from make_tiny_checkpoint import build_gemma3n
 
-    return build_gemma3n(tmp_path_factory.mktemp("ckpt") / "g3n", seed=1)
+    return build_gemma3n(tmp_path_factory.mktemp("ckpt") / "g3n", seed=1, vision=False)  # audio tests
 
 
 def check_item(name: str, ours, reference, alone: bool, own: dict[str, float], padded=None) -> None:

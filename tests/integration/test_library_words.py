@@ -27,7 +27,9 @@ def test_a_second_run_from_python_names_overwrite_true(tmp_path):
 def test_the_embedder_names_its_keywords():
     with pytest.raises(UsageError) as caught:
         gemma_embed.Embedder(SAMPLE_MODEL, device="cpu", memory_budget="1%", dim=8).embed([str(IMAGES / "tall.png")])
-    assert str(caught.value) == "dim, prompt and prompt_name apply to EmbeddingGemma 2 retrieval vectors only"
+    assert str(caught.value) == (
+        "dim, prompt and prompt_name apply to retrieval vectors only (EmbeddingGemma checkpoints)"
+    )
 
 
 def test_a_resumed_run_counts_its_rate_over_computed_items(tmp_path):
