@@ -177,6 +177,16 @@ def _print_error(message: str) -> None:
         pass  # nobody reads stderr any more; the exit code still says it
 
 
+def _print_note(message: str) -> None:
+    """One `note:` line on stderr (where a command wrote its file), its names escaped as in every line."""
+    from gemma_embed.terminal import printable
+
+    try:
+        print(f"note: {printable(message.strip())}", file=sys.stderr, flush=True)
+    except (BrokenPipeError, ValueError):
+        pass
+
+
 def _fail(message: str, code: int) -> typer.Exit:
     _print_error(message)
     return typer.Exit(code)
@@ -190,8 +200,16 @@ def exit_code(result) -> int:
 
 
 def _require_input(config: RunConfig) -> None:
+    """Some input, and every path given exists: checked before torch is imported (a typo fails in well under a
+    second, writing nothing)."""
+    from gemma_embed.sources import check_given_paths
+
     if not config.inputs and config.dataset is None:
         raise _fail(NO_INPUT, 2)
+    try:
+        check_given_paths(config.inputs)
+    except UsageError as exc:
+        raise _fail(str(exc), 2) from None
 
 
 def _embed(config: RunConfig) -> None:
@@ -216,11 +234,36 @@ def _embed(config: RunConfig) -> None:
     raise typer.Exit(exit_code(result))
 
 
+def _list_extensions(modality: str) -> inspect.Parameter:
+    """`--list-extensions`: the extensions a folder walk takes for this command on this machine (what its decoders
+    register here), printed, and nothing run."""
+
+    def callback(value: bool) -> None:
+        if value:
+            from gemma_embed.sources.files import extensions
+
+            print(" ".join(sorted(e.removeprefix(".") for e in extensions(modality))))
+            raise typer.Exit()
+
+    declared = typer.Option(
+        "--list-extensions",
+        help="Print the extensions a folder walk takes here, and exit.",
+        rich_help_panel="Input",
+        is_eager=True,
+        callback=callback,
+        metavar="",
+    )
+    return inspect.Parameter(
+        "list_extensions", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[bool, declared]
+    )
+
+
 def _embed_command(modality: str, summary: str):
     def command(**options) -> None:
+        options.pop("list_extensions", None)
         _embed(config_from(modality, options))
 
-    command.__signature__ = inspect.Signature(_parameters(modality))
+    command.__signature__ = inspect.Signature([*_parameters(modality), _list_extensions(modality)])
     command.__doc__ = summary
     return command
 
@@ -299,16 +342,23 @@ def search_index(
         str, typer.Option(help="As for the embedding commands.", metavar="DTYPE", callback=_callback(choices=Dtype))
     ] = "auto",
     prompt_name: Annotated[
-        str | None, typer.Option(help="The query's prompt (default: the checkpoint's query).", metavar="NAME")
+        str | None,
+        typer.Option(
+            help="The query's prompt (default: the checkpoint's query; document: find an indexed item itself).",
+            metavar="NAME",
+        ),
     ] = None,
     prompt: Annotated[str | None, typer.Option(help="This prompt text instead.", metavar="TEXT")] = None,
 ) -> None:
     """Search an output: embed the queries with the index's model and settings, cosine top-k (through the
     output's index when it has one, see `gemma-embed index`; else exact)."""
     from gemma_embed.search import collect_queries, query_many, render_html_many, render_results
+    from gemma_embed.store import check_output_folder
 
     media = {kind: files for kind, files in (("images", image), ("video", video), ("audio", audio)) if files}
     try:
+        if html_file is not None:
+            check_output_folder(html_file)  # before the model loads
         wanted = collect_queries([query] if query is not None else [], queries, media)
         if not wanted:
             raise _fail("give a query: a text, --queries FILE, or --image, --video, --audio", 2)
@@ -328,6 +378,7 @@ def search_index(
 
         groups = [(r.query.describe(), r.hits) for r in results if r.error is None]
         atomic_write_text(html_file, render_html_many(groups, index=str(index)))
+        _print_note(f"wrote {html_file}")
     if any(r.error is not None for r in results):
         raise typer.Exit(1)
 
@@ -412,6 +463,7 @@ def export_output(
         raise _fail(str(exc), 2) from None
     except (OSError, ValueError) as exc:
         raise _fail(str(exc), 1) from None
+    _print_note(f"wrote {', '.join(written['files'])}")
     print(json.dumps({"type": "export", "to": str(to), **written}, ensure_ascii=True))
 
 

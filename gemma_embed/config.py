@@ -371,6 +371,9 @@ class RunConfig:
         check=soft_token_budget,
         metavar="N",
     )
+    pan_and_scan: bool = option(
+        False, "Gemma 3: add the processor's crops of wide or tall images.", commands=("images", "plan")
+    )
     fps: float | None = option(
         None,
         "Frames a second (default: the model's).",

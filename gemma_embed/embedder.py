@@ -32,7 +32,18 @@ OVERLAP_ON_CPU = False
 # reported) within seconds of the start, and a stop loses little, while a GPU still gets full buckets.
 WINDOW_SECONDS = 4.0
 # What a command's stages depend on besides the checkpoint: a change in any of them is another set of stages.
-STAGE_OPTIONS = ("space", "pool", "dim", "prompt", "prompt_name", "max_soft_tokens", "fps", "max_frames", "window_s")
+STAGE_OPTIONS = (
+    "space",
+    "pool",
+    "dim",
+    "prompt",
+    "prompt_name",
+    "max_soft_tokens",
+    "pan_and_scan",
+    "fps",
+    "max_frames",
+    "window_s",
+)
 
 
 class Sink(Protocol):
@@ -60,7 +71,7 @@ class Route:
         return self.engines[0]
 
     def chunking(self, batch_size: int | None) -> dict:
-        report = [e.tuner.report() if e.tuner else {"fixed": batch_size} for e in self.engines]
+        report = [e.chunking(batch_size) for e in self.engines]
         if len(report) == 1 and self.stages.space != Space.retrieval:
             return report[0]
         # Retrieval vectors: by stage, as the output's readers know them (stage1: the tower; none for text).

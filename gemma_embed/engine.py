@@ -15,7 +15,7 @@ from gemma_embed.batching import Group, exact_buckets, ragged_groups
 from gemma_embed.device import DeviceOps
 from gemma_embed.errors import DeviceError, ItemError
 from gemma_embed.models.base import PreparedItem, Tower, Unit
-from gemma_embed.tuning import ChunkTuner
+from gemma_embed.tuning import TIE, ChunkTuner, class_name, length_class
 
 ItemRows = torch.Tensor | ItemError  # an item's (or unit's) rows on the CPU, or why it has none
 RowsCallback = Callable[[int, ItemRows], None]
@@ -89,6 +89,7 @@ class Engine:
         self._warm = False
         self._warned = False  # the budget-below-one-unit warning was given
         self._peak = 0  # the run's peak allocated device memory so far (peaks are reset per chunk)
+        self._caps: dict[str, int] = {}  # per length class: the memory cap its last chunk ran under
         self.device_ops.reset_peak()
 
     def plan(self, length: int) -> ChunkPlan:
@@ -167,6 +168,7 @@ class Engine:
         while pending:
             self.should_stop()
             size = self.tuner.size(group.length, cap) if self.tuner else cap
+            self._caps[class_name(length_class(group.length))] = cap
             batch_ix = tuple(pending[:size])
             batch = [units[i] for i in batch_ix]
             out_of_memory = isolate = False
@@ -225,6 +227,14 @@ class Engine:
             self.work_done += work
             self.work_seconds += seconds
         self._warm = True
+
+    def chunking(self, batch_size: int | None) -> dict:
+        """The run summary's `chunking`: per length class, the size chosen, the rates measured and, in words, why
+        that size (`reason`); with --batch-size, that size."""
+        if self.tuner is None:
+            return {"fixed": batch_size, "reason": f"fixed by --batch-size {batch_size} (under the memory cap)"}
+        report = self.tuner.report()
+        return {name: {**entry, "reason": chunk_reason(entry, self._caps.get(name))} for name, entry in report.items()}
 
     def work_per_second(self) -> float:
         """Measured encode rate in units' length (patches, frames) per second; 0 before it is known."""
@@ -327,3 +337,18 @@ def encode_chain_list(
     results: list = [None] * len(items)
     encode_chain(engines, feeds, items, keys, results.__setitem__)
     return results
+
+
+def chunk_reason(entry: dict, cap: int | None) -> str:
+    """Why a length class runs at the chunk size its report says (`chosen`, `settled`, `rate_per_s` by size), in
+    words a user can check against the rates: still exploring, capped by memory, or the fastest measured."""
+    chosen, rates = int(entry["chosen"]), {int(size): rate for size, rate in entry["rate_per_s"].items()}
+    fastest = max(rates, key=lambda size: rates[size]) if rates else None
+    if not entry["settled"]:
+        so_far = f" (fastest so far: {fastest})" if fastest is not None else ""
+        return f"still exploring: the run ended before a full chunk of {chosen} was measured{so_far}"
+    if cap is not None and chosen >= cap and chosen == max(rates, default=chosen):
+        return f"capped by memory: {chosen} is the largest chunk the memory cap allows, so no larger size was tried"
+    if chosen == fastest:
+        return f"fastest measured: {chosen}"
+    return f"fastest measured: {chosen} is within {1 - TIE:.0%} of the fastest ({fastest}) and needs less memory"

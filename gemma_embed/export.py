@@ -144,7 +144,10 @@ def _items(path: Path) -> Iterator[tuple[str, np.ndarray, dict]]:
 
 
 def _checked_destination(path: Path, to: str, destination: Path | None, overwrite: bool) -> Path:
+    from gemma_embed.store import check_output_folder
+
     destination = Path(destination) if destination else default_destination(path, to)
+    check_output_folder(destination)  # the line every command gives, before any work
     if destination.exists() and not overwrite:
         raise UsageError(f"{destination}: exists; pass --overwrite to replace it")
     return destination
@@ -157,8 +160,8 @@ def export(
     from gemma_embed.store import read_metadata
 
     path = Path(path)
-    meta = read_metadata(path)  # keys and items only; no rows are read
     destination = _checked_destination(path, str(to), destination, overwrite)
+    meta = read_metadata(path)  # keys and items only; no rows are read
     counts = [int(item["rows"]) for item in meta["items"]]
     if str(to) == "parquet":
         return _to_parquet(path, meta, counts, destination)

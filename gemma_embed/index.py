@@ -169,6 +169,7 @@ def build_index(output: str | os.PathLike, kind: str = "auto", metric: str = "co
         raise UsageError(f"--metric {metric}: only {', '.join(METRICS)} is supported")
     if kind in ("ivf", "hnsw"):
         _faiss(f"gemma-embed index --kind {kind}")  # before any work
+    store.check_output_folder(row_table.table_path(output))  # the line every command gives, before any work
     started = time.monotonic()
     say = _Notes(reporter)
     fingerprint = row_table.fingerprint(output)  # before reading: a change while building makes the index stale
@@ -210,7 +211,8 @@ def build_index(output: str | os.PathLike, kind: str = "auto", metric: str = "co
     record = row_table.write_table(path, record, table, lines)
     if built is None:
         index_file.unlink(missing_ok=True)  # an earlier build's, which the new record does not name
-    say.note(f"wrote {path} in {record['seconds']:.1f} s")
+    wrote = f"{path} and {index_file}" if built is not None else str(path)
+    say.note(f"wrote {wrote} in {record['seconds']:.1f} s")
     return record
 
 

@@ -146,6 +146,51 @@ def vision_item_cost(
     return int(max(mlp, pooler, embedder, attention))
 
 
+def siglip_item_cost(
+    patches: int,
+    hidden: int,
+    intermediate: int,
+    heads: int,
+    bytes_per_element: int,
+    patch_dim: int = 3 * 14 * 14,
+    materialises_scores: bool = False,
+) -> int:
+    """Peak transient bytes one image adds to a Gemma 3 SigLIP vision-tower forward (+ multi_modal_projector),
+    the largest of its phases (bench/MEMORY.md compares this with profiler measurements):
+    - encoder MLP: fc1's output, its tanh-approximated GELU and that GELU's temporary live together, 3 * N * I
+      elements (measured exactly 3.0 at hidden 256; 3.07 at 1152), beside the residual stream and fc2's output;
+    - attention, only where the kernel materialises scores (eager): 2 * H * N^2 elements beside q/k/v/o;
+      SDPA without a mask (every batch is one fixed-size bucket) materialises none;
+    - patch embedding: the float32 pixels cast to the model dtype (3 x patch^2 per patch; no copy in float32)
+      and the embeddings.
+    The projector (4 x 4 average pooling, RMSNorm, one matmul) works on 16x fewer rows and never peaks.
+    """
+    n = max(0, int(patches))
+    if n == 0:
+        return 0
+    s = max(1, int(bytes_per_element))
+    mlp = n * (3 * intermediate + 2 * hidden) * s
+    embedder = (n * patch_dim * s if s != 4 else 0) + 2 * n * hidden * s
+    attention = (2 * heads * n * n + 8 * n * hidden) * s if materialises_scores else 0
+    return int(max(mlp, embedder, attention))
+
+
+def mobilenetv5_item_cost(pixels: int, bytes_per_element: int) -> int:
+    """Peak transient bytes one image of `pixels` input pixels adds to a forward of Gemma 3n's MobileNetV5 encoder
+    (timm's `mobilenetv5_300m_enc`, the released architecture) and `embed_vision`.
+
+    A convolutional network's activations scale with the input's area: measured linear in pixels (512 and 768 px:
+    674 and 668 bytes a pixel in float32) and in the batch (bench/MEMORY.md). Its RMS norms compute in float32
+    whatever the model dtype, so bfloat16 saves only part (528 bytes a pixel): fitted as 74 bytes a pixel per byte
+    of the model dtype plus 96 float32 bytes, each raised 11% so the model stays above the measurement.
+    `embed_vision` works on the 256 soft tokens and never peaks. Other timm channel multipliers (the test
+    checkpoint's) are not modelled: their fixed costs dominate at small inputs.
+    """
+    n = max(0, int(pixels))
+    s = max(1, int(bytes_per_element))
+    return int(n * (82 * s + 105 * 4))
+
+
 def audio_item_cost(mel_frames: int, bytes_per_element: int) -> int:
     """Gemma 4 audio tower: about 52 KB per mel frame in float32 (SSCP conv output, ~3 live copies).
 
@@ -163,8 +208,11 @@ def text_sequence_cost(
     bytes_per_element: int,
     sliding_window: int | None = None,
     padded: bool = True,
+    rotary_dims: int = 0,
+    dense_full_mask: bool = False,
 ) -> int:
-    """Peak transient bytes one sequence of `tokens` adds to an EmbeddingGemma 2 text-model forward (SDPA).
+    """Peak transient bytes one sequence of `tokens` adds to an EmbeddingGemma 2 (or, with `per_layer_dim=0`,
+    EmbeddingGemma) text-model forward (SDPA).
 
     The forward passes through phases whose transients do not coexist; the peak is the largest (bench/MEMORY.md
     compares this with profiler measurements):
@@ -180,6 +228,11 @@ def text_sequence_cost(
       With padding the full-attention layers get a dense bool mask too (1 byte per pair).
     Full-attention layers cost nothing quadratic here: without padding transformers passes SDPA no mask, and
     SDPA on the CPU (and CUDA's flash/memory-efficient kernels) materialises no scores.
+    EmbeddingGemma (Gemma 3 with bidirectional attention) differs in two ways, measured at 4096 tokens:
+    - `dense_full_mask`: its full-attention layers get a dense bool mask even without padding (the bidirectional
+      `or_mask_function` makes transformers build one), so the mask phase holds two bool masks (18 bytes a pair);
+    - `rotary_dims`: the rotary tables, computed after the masks and alive through every layer: one cos and one
+      sin table per layer type in the model dtype (the head widths summed over the layer types: 2 x 256).
     """
     n = max(0, int(tokens))
     if n == 0:
@@ -187,11 +240,15 @@ def text_sequence_cost(
     s = max(1, int(bytes_per_element))
     ple = layers * per_layer_dim
     ple_alive = n * ple * s
+    rotary_alive = n * 2 * int(rotary_dims) * s
     ple_phase = n * ple * (s + 8)
     quadratic = sliding_window is not None and n > sliding_window
-    masks = (n * n if quadratic else 0) + (n * n if padded else 0)
-    layer_phase = ple_alive + masks + n * (4 * intermediate * s + 7 * hidden * 4)
-    mask_phase = ple_alive + (16 * n * n + n * n if quadratic else 0)
+    full_mask = n * n if (padded or dense_full_mask) else 0
+    masks = (n * n if quadratic else 0) + full_mask
+    layer_phase = ple_alive + rotary_alive + masks + n * (4 * intermediate * s + 7 * hidden * 4)
+    # (+ 64 bytes a token: the small position and index vectors the mask functions build; 28 measured)
+    sliding_build = 16 * n * n + n * n + (n * n if dense_full_mask else 0) + 64 * n
+    mask_phase = ple_alive + (sliding_build if quadratic else 0)
     # Beside every phase: small float32 copies (measured 0.2 MiB over the phase at 1024 tokens in bfloat16) and
     # the sequence's input embeddings once the stage-1 rows are scattered in; one float32 hidden state covers them.
     return int(max(ple_phase, layer_phase, mask_phase) + n * hidden * 4)

@@ -238,7 +238,7 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pr
     inputs; no tensor of the checkpoint, and nothing is encoded. `own_process`: as for `run`."""
     reporter = reporter or Reporter.silent()
     skipped: Counter = Counter()
-    sources = list(_require_input(config, stdin, skipped))
+    sources = list(_require_input(config, stdin, skipped, plan=True))
     embedder = Embedder.from_config(config)
     route = embedder.route(config.modality)
     stages = route.stages
@@ -288,12 +288,12 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pr
     return result
 
 
-def _require_input(config: RunConfig, stdin, skipped: Counter) -> Iterator[Source]:
+def _require_input(config: RunConfig, stdin, skipped: Counter, plan: bool = False) -> Iterator[Source]:
     """The run's sources, lazily; UsageError before anything loads for a path given that does not exist, or an
     input with nothing to embed at all."""
     check_given_paths(config.inputs)
     return require_input(
-        _find(config, stdin, skipped), config.inputs, config.modality, config.ext, skipped, config.dataset
+        _find(config, stdin, skipped), config.inputs, config.modality, config.ext, skipped, config.dataset, plan
     )
 
 

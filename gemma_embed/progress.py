@@ -182,33 +182,8 @@ class Reporter:
         """A table for people on stderr, the plan as one JSON record on stdout."""
         if not self.quiet:
             from rich.console import Console
-            from rich.table import Table
-            from rich.text import Text
 
-            table = Table(
-                title=Text(
-                    printable(
-                        f"{plan['modality']}: {plan['items']} items, {plan['units']} units on "
-                        f"{plan['device']} ({plan['dtype']}); free {human_bytes(plan['free_memory'])} of "
-                        f"{human_bytes(plan['total_memory'])}, budget {human_bytes(plan['budget'])}"
-                    )
-                )
-            )
-            host = plan.get("host") or {}
-            shared = (
-                f"; host budget {human_bytes(host['budget'])} = model {human_bytes(host['model'])} + decode "
-                f"{human_bytes(host['decode'])} + encode {human_bytes(host['encode'])}"
-                if host.get("encode") is not None
-                else ""
-            )
-            table.caption = Text(
-                printable(f"chunk = the memory cap; {plan['chunking']}; dtype: {plan.get('dtype_reason', '')}{shared}")
-            )
-            for column in ("length", "units", "cost per unit", "chunk"):
-                table.add_column(column, justify="right")
-            for b in plan["buckets"]:
-                table.add_row(str(b["length"]), str(b["units"]), human_bytes(b["cost_per_unit"]), str(b["chunk"]))
-            Console(file=self.stderr).print(table)
+            print_plan(plan, Console(file=self.stderr))
             for failure in plan["failures"]:
                 self._err(f"error: {failure['key']}: {failure['message']}")
         self._out(plan)
@@ -238,3 +213,51 @@ class Reporter:
                 line += f" -> {result.output}"
             self._err(line)
         self._out(summary)
+
+
+def plan_phrases(plan: dict) -> tuple[list[str], list[str]]:
+    """What `plan` says around its table, in phrases that are never broken: (heading, caption)."""
+    heading = [
+        f"{plan['modality']}: {plan['items']} items, {plan['units']} units on {plan['device']} ({plan['dtype']})",
+        f"free {human_bytes(plan['free_memory'])} of {human_bytes(plan['total_memory'])}, "
+        f"budget {human_bytes(plan['budget'])}",
+    ]
+    caption = ["chunk = the memory cap", plan["chunking"], f"dtype: {plan.get('dtype_reason', '')}"]
+    host = plan.get("host") or {}
+    if host.get("encode") is not None:
+        caption.append(
+            f"host budget {human_bytes(host['budget'])} = model {human_bytes(host['model'])} + decode "
+            f"{human_bytes(host['decode'])} + encode {human_bytes(host['encode'])}"
+        )
+    return heading, caption
+
+
+def pack_phrases(phrases: list[str], width: int) -> list[str]:
+    """Phrases joined by "; " into lines of at most `width` characters, a line breaking only between phrases
+    (a phrase longer than the width has a line to itself)."""
+    lines: list[str] = []
+    for phrase in phrases:
+        if lines and len(lines[-1]) + 2 + len(phrase) <= width:
+            lines[-1] += "; " + phrase
+        else:
+            lines.append(phrase)
+    return lines
+
+
+def print_plan(plan: dict, console) -> None:
+    """The plan for people on a rich `console`: its heading, the buckets' table, its caption. Heading and caption
+    take the console's width (not the table's), broken only between phrases."""
+    from rich.table import Table
+    from rich.text import Text
+
+    heading, caption = plan_phrases(plan)
+    table = Table()
+    for column in ("length", "units", "cost per unit", "chunk"):
+        table.add_column(column, justify="right")
+    for b in plan["buckets"]:
+        table.add_row(str(b["length"]), str(b["units"]), human_bytes(b["cost_per_unit"]), str(b["chunk"]))
+    for line in pack_phrases([printable(p) for p in heading], console.width):
+        console.print(Text(line), soft_wrap=True)
+    console.print(table)
+    for line in pack_phrases([printable(p) for p in caption], console.width):
+        console.print(Text(line), soft_wrap=True)

@@ -382,6 +382,7 @@ class QueryResult:
     position: int  # the query's place in the list asked for
     hits: list[SearchHit]
     error: str | None = None
+    scoring: str = ""  # how the query was embedded and the items scored (`scoring`), the table's first line
 
 
 def collect_queries(
@@ -472,8 +473,9 @@ def query_many(
             f"encoder; search it with --image, --audio or --video, or index with an EmbeddingGemma 2 checkpoint"
         )
     opened = ann.open_index(index, exact=exact)  # a stale index is refused before the model loads
+    prompts = _prompts(model or header["model"], header.get("revision") or None) if space == "retrieval" else {}
     if space == "retrieval" and prompt is None and prompt_name is None:
-        prompt_name = _query_prompt_name(model or header["model"], header.get("revision") or None)
+        prompt_name = "query" if "query" in prompts else None  # sentence-transformers' `encode_query` prompt
     budget = json.loads(header.get("preprocessing") or "{}").get("max_soft_tokens")
     embedder = Embedder(
         model or header["model"],
@@ -504,27 +506,60 @@ def query_many(
             "dim": str(stages.width) if str(stages.space) == "retrieval" else "",
         }
         check_query_settings(header, made, str(index))
+    how = scoring(header, prompt_name, prompt, any(q.text is None for q in queries), prompts)
     answered = [p for p, v in enumerate(vectors) if not isinstance(v, ItemError)]
     by_position = {}
     if answered:
         wanted = torch.stack([vectors[p].float().mean(dim=0) for p in answered])
         by_position = dict(zip(answered, search_many(index, wanted, k, exact=exact, opened=opened), strict=True))
     return [
-        QueryResult(query, p, by_position.get(p, []), None if p in by_position else _one_line(vectors[p].message))
+        QueryResult(query, p, by_position.get(p, []), None if p in by_position else _one_line(vectors[p].message), how)
         for p, query in enumerate(queries)
     ]
+
+
+def scoring(
+    header: dict,
+    prompt_name: str | None,
+    prompt: str | None,
+    media_queries: bool,
+    prompts: dict[str, str] | None = None,
+) -> str:
+    """One line for the table's head: which prompt the queries were embedded with and which the items were
+    (retrieval indexes; `prompts`: the checkpoint's named prompts), or how a media query became one vector
+    (soft-token indexes), and how an item's rows are scored. A media query embedded with another prompt than its
+    items scores its own item below 1: the line then says how to find the item itself (the items' prompt)."""
+    pooling = header.get("pooling") or "none"
+    if header.get("space") != "retrieval":
+        rows = {"mean": "each item's mean row", "frame": "each item's best frame row"}.get(
+            pooling, "each item's best row"
+        )
+        return f"query: the mean of its rows; scoring: cosine with {rows}"
+    prompts = prompts or {}
+    asked = prompt if prompt is not None else prompts.get(prompt_name or "")
+    made = json.loads(header.get("preprocessing") or "{}").get("prompt")
+    names = {text: name for name, text in prompts.items()}
+
+    def said(text: str | None) -> str:
+        return names[text] if text in names else (json.dumps(text) if text else "none")
+
+    line = f"prompt: {said(asked)} (items: {said(made)}); scoring: cosine with each item's vector"
+    if media_queries and (asked or None) != (made or None):
+        same = f"--prompt-name {names[made]}" if made in names else f"--prompt {json.dumps(made or '')}"
+        line += f"; {same} finds an indexed item itself"
+    return line
 
 
 def _one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
-def _query_prompt_name(model: str, revision: str | None) -> str | None:
-    """sentence-transformers' `encode_query` prompt: the checkpoint's prompt named "query", if it has one."""
+def _prompts(model: str, revision: str | None) -> dict[str, str]:
+    """The checkpoint's named prompts (sentence-transformers' config)."""
     from gemma_embed.models.loading import resolve_checkpoint
     from gemma_embed.models.st_inputs import read_sentence_transformers
 
-    return "query" if "query" in read_sentence_transformers(resolve_checkpoint(model, revision)).prompts else None
+    return dict(read_sentence_transformers(resolve_checkpoint(model, revision)).prompts)
 
 
 # ---------------------------------------------------------------------------------------------- renderings
@@ -559,9 +594,10 @@ def render_results(results: list[QueryResult], jsonl: bool = False) -> str:
     if jsonl:
         return "".join(render_jsonl(r.hits, r) for r in results if r.error is None)
     answered = [r for r in results if r.error is None]
+    head = f"{answered[0].scoring}\n" if answered and answered[0].scoring else ""
     if len(results) == 1:
-        return render_table(answered[0].hits) if answered else ""
-    return "\n".join(f"query {r.position + 1}: {r.query.describe()}\n" + render_table(r.hits) for r in answered)
+        return head + render_table(answered[0].hits) if answered else ""
+    return head + "\n".join(f"query {r.position + 1}: {r.query.describe()}\n" + render_table(r.hits) for r in answered)
 
 
 def _seconds(value: float | None) -> str:

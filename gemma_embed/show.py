@@ -33,6 +33,17 @@ def ordered_header(meta: dict) -> dict:
     return {k: meta[k] for k in known + rest}
 
 
+def shown_header(meta: dict) -> dict:
+    """The header as `inspect` shows it to people: empty fields left out, and for retrieval vectors the pooling
+    each vector went through. Such a file records `pooling none` (no pooling of the towers' rows, `--pool`), while
+    each item is one vector mean-pooled over its tokens by the checkpoint's sentence-transformers Pooling module
+    (mean is the only mode the tool runs: `models/st_inputs.py`)."""
+    header = {k: v for k, v in ordered_header(meta).items() if str(v) != ""}
+    if header.get("space") == "retrieval" and header.get("pooling", "none") == "none":
+        header["pooling"] = "mean (retrieval)"
+    return header
+
+
 def show(path: Path, limit: int = 20, as_json: bool = False) -> None:
     """The header and the first `limit` items as tables; every cell is plain text (a name's control characters
     shown as escapes, never read as rich markup). `as_json`: the exact values as one JSON object."""
@@ -52,7 +63,7 @@ def show(path: Path, limit: int = 20, as_json: bool = False) -> None:
         return
     console = Console(file=sys.stdout)
     header = Table(show_header=False, box=None)
-    for key, value in ordered_header(meta).items():
+    for key, value in shown_header(meta).items():
         header.add_row(cell(key, "bold"), cell(value))
     header.add_row(cell("items", "bold"), cell(len(meta["keys"])))
     console.print(header)

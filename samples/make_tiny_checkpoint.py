@@ -1,11 +1,12 @@
 """Build tiny random Gemma checkpoints, saved exactly as a real one is (`save_pretrained` + processor files).
 
-    python samples/make_tiny_checkpoint.py   # writes samples/tiny-gemma4/, tiny-gemma3n/ and tiny-embeddinggemma2/
+    python samples/make_tiny_checkpoint.py   # writes samples/tiny-gemma4/, tiny-gemma3n/, tiny-embeddinggemma2/,
+                                             # tiny-embeddinggemma/ and tiny-gemma3/
 
-Tests import `build_gemma4`, `build_gemma3n` and `build_embeddinggemma2` to make their own checkpoints through the
-same code. Every
-parameter is drawn at random with a fixed seed, because transformers' default init sets some tables (the vision
-position table, norm weights) to constants, and a constant weight hides a loader that forgot to read it.
+Tests import `build_gemma4`, `build_gemma3n`, `build_embeddinggemma2`, `build_embeddinggemma` and `build_gemma3` to
+make their own checkpoints through the same code. Every parameter is drawn at random with a fixed seed, because
+transformers' default init sets some tables (the vision position table, norm weights) to constants, and a constant
+weight hides a loader that forgot to read it.
 """
 
 from __future__ import annotations
@@ -79,11 +80,12 @@ def tiny_gemma4_config(
 
 
 @torch.no_grad()
-def randomize(model: torch.nn.Module, seed: int) -> None:
-    """Give every saved tensor a random value that matters (clip bounds finite, norms away from 1)."""
+def randomize(model: torch.nn.Module, seed: int, skip: tuple[str, ...] = ()) -> None:
+    """Give every saved tensor a random value that matters (clip bounds finite, norms away from 1); tensors whose
+    names start with a `skip` prefix keep theirs."""
     gen = torch.Generator().manual_seed(seed)
     for name, tensor in sorted(model.state_dict(keep_vars=True).items()):
-        if not tensor.is_floating_point():
+        if not tensor.is_floating_point() or name.startswith(skip):
             continue
         leaf = name.rsplit(".", 1)[-1]
         shape = tensor.shape
@@ -141,8 +143,22 @@ def build_gemma4(
     return folder
 
 
+# The real MobileNetV5 (`mobilenetv5_300m_enc`, 294M parameters) at 768 px fuses its last two stages (48 x 48 and
+# 24 x 24) into 16 x 16 = 256 soft tokens of 2048 (a width fixed by timm's code), average-pooling 3 x 3. The tiny
+# one is the same timm architecture, built offline by timm's own code (architectures are code, not downloads) with
+# the `model_args` transformers passes to timm.create_model: channels x 0.02 (2.3M parameters; the attention
+# heads keep their widths) and the fusion's output at 2 x 2 from a 64 px input, whose fused stages are 4 x 4 and
+# 2 x 2: the fusion average-pools 2 x 2, as the real one pools, into 4 soft tokens.
+GEMMA3N_TINY_VISION = {"image_size": 64, "model_args": {"channel_multiplier": 0.02, "msfa_output_resolution": 2}}
+
+
 def tiny_gemma3n_config(
-    audio_hidden: int = 32, audio_layers: int = 2, sscp_channels=(16, 8), text_hidden: int = 32, vocab_size: int = 512
+    audio_hidden: int = 32,
+    audio_layers: int = 2,
+    sscp_channels=(16, 8),
+    text_hidden: int = 32,
+    vocab_size: int = 512,
+    vision_model_args: dict | None = None,
 ):
     from transformers import Gemma3nAudioConfig, Gemma3nConfig, Gemma3nTextConfig, Gemma3nVisionConfig
 
@@ -169,9 +185,12 @@ def tiny_gemma3n_config(
         conf_num_attention_heads=4,
         sscp_conv_channel_size=list(sscp_channels),
     )
-    # Only embed_vision is built from the vision config (the timm tower is stubbed out, see below).
-    vision = Gemma3nVisionConfig(hidden_size=16)
-    return Gemma3nConfig(text_config=text, audio_config=audio, vision_config=vision)
+    model_args = GEMMA3N_TINY_VISION["model_args"] if vision_model_args is None else vision_model_args
+    vision = Gemma3nVisionConfig(model_args=dict(model_args) or None)  # hidden 2048: MobileNetV5's fixed output
+    side = int(model_args.get("msfa_output_resolution", 16))
+    return Gemma3nConfig(
+        text_config=text, audio_config=audio, vision_config=vision, vision_soft_tokens_per_image=side * side
+    )
 
 
 @contextlib.contextmanager
@@ -179,9 +198,9 @@ def gemma3n_without_vision_tower():
     """Build Gemma3n models with an empty module in place of the timm vision tower.
 
     Gemma3nModel always builds `vision_tower` with timm (MobileNetV5, 294M parameters at the default config);
-    timm is not a dependency of this project and the audio path never touches that tower. The tiny checkpoints
-    therefore hold no vision-tower tensors, and the test reference (the full `Gemma3nForConditionalGeneration`
-    from `from_pretrained`) is built the same way.
+    timm is an optional dependency (the `gemma3n` extra) and the audio path never touches that tower. Audio-only
+    checkpoints (`build_gemma3n(vision=False)`) hold no vision-tower tensors, and audio test references (the full
+    `Gemma3nForConditionalGeneration` from `from_pretrained`) are built the same way, skipping the tower.
     """
     import transformers.models.gemma3n.modeling_gemma3n as modeling
     from transformers import Gemma3nVisionConfig
@@ -202,20 +221,76 @@ def gemma3n_without_vision_tower():
         modeling.AutoModel = real
 
 
-def build_gemma3n(folder: Path, seed: int = 0, max_shard_size: str | None = None, **config_kwargs) -> Path:
-    """A tiny Gemma 3n checkpoint (audio tower, text model, embedders; no vision tower) + its feature extractor."""
-    from transformers import Gemma3nAudioFeatureExtractor, Gemma3nForConditionalGeneration
+def build_gemma3n(
+    folder: Path, seed: int = 0, max_shard_size: str | None = None, vision: bool = True, **config_kwargs
+) -> Path:
+    """A tiny Gemma 3n checkpoint laid out like google/gemma-3n-E2B-it: audio tower, vision tower (timm's
+    MobileNetV5, see GEMMA3N_TINY_VISION; needs timm), text model and embedders, saved by transformers, with its
+    processor files (`Gemma3nProcessor.save_pretrained`: the audio feature extractor, the image processor at the
+    tower's input size, a tokenizer with Gemma 3n's media tokens). `vision=False`: no vision-tower tensors (built
+    with an empty module in its place, for machines without timm) and only the feature extractor."""
+    from transformers import (
+        Gemma3nAudioFeatureExtractor,
+        Gemma3nForConditionalGeneration,
+        Gemma3nProcessor,
+        SiglipImageProcessor,
+    )
 
     torch.manual_seed(seed)
-    with gemma3n_without_vision_tower():
-        model = Gemma3nForConditionalGeneration(tiny_gemma3n_config(**config_kwargs)).eval()
-    randomize(model, seed)
+    config = tiny_gemma3n_config(**config_kwargs)
+    with contextlib.nullcontext() if vision else gemma3n_without_vision_tower():
+        model = Gemma3nForConditionalGeneration(config).eval()
+    # The vision tower's tensors sort last: skipping them leaves every other tensor's random value as it was.
+    randomize(model, seed, skip=("model.vision_tower.",))
+    if vision:
+        condition_mobilenetv5(model.model.vision_tower, seed)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(folder, **kwargs)
-    Gemma3nAudioFeatureExtractor().save_pretrained(folder)  # preprocessor_config.json
+    if not vision:
+        Gemma3nAudioFeatureExtractor().save_pretrained(folder)  # preprocessor_config.json
+        return folder
+    side = GEMMA3N_TINY_VISION["image_size"]
+    # MobileNetV5 takes pixels in [0, 1] (its timm config's mean 0, std 1): rescaled, not normalised.
+    image_processor = SiglipImageProcessor(size={"height": side, "width": side}, do_normalize=False)
+    tokenizer = tiny_tokenizer(named_specials=GEMMA3N_MEDIA_TOKENS)
+    Gemma3nProcessor(
+        feature_extractor=Gemma3nAudioFeatureExtractor(),
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        image_seq_length=config.vision_soft_tokens_per_image,
+    ).save_pretrained(folder)
     return folder
+
+
+@torch.no_grad()
+def condition_mobilenetv5(tower: torch.nn.Module, seed: int) -> None:
+    """Random norms and layer scales on timm's own initialisation of the convolution and projection weights.
+
+    `randomize` on every MobileNetV5 weight makes a chaotic network (its 33 attention blocks each amplify rounding:
+    transformers' own float32 output for an image moved by 6% between a batch of 4 and the image alone, measured
+    in float64 to be rounding only). With timm's initialisation, norm weights drawn around 1 and layer scales
+    around 0.3 (timm starts them at 1e-5, which would leave every block an identity), it moves by 2e-6. Outputs
+    then depend little on any single early weight (halving one changes them by ~1e-6): the loader's tests compare
+    every tensor with transformers' own loaded tower instead."""
+    gen = torch.Generator().manual_seed(seed + 7)
+    for name, tensor in sorted(tower.named_parameters()):
+        if name.endswith(".gamma"):
+            tensor.copy_(0.3 * (1.0 + 0.2 * torch.randn(tensor.shape, generator=gen)))
+        elif tensor.dim() <= 1 and (".norm" in name or ".bn" in name):
+            tensor.copy_(1.0 + 0.2 * torch.randn(tensor.shape, generator=gen))
+
+
+# Gemma 3n's media tokens, by the attribute names Gemma3nProcessor reads from its tokenizer.
+GEMMA3N_MEDIA_TOKENS = {
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+    "image_token": "<image_soft_token>",
+    "boa_token": "<start_of_audio>",
+    "eoa_token": "<end_of_audio>",
+    "audio_token": "<audio_soft_token>",
+}
 
 
 # ------------------------------------------------------------------------------------------ EmbeddingGemma 2
@@ -263,11 +338,25 @@ EG2_TEST_CHAT_TEMPLATE = (
     "{{- '<end_of_turn>\\n' -}}"
     "{%- endfor -%}"
 )
+MEDIA_TOKEN_NAMES = {
+    "image_token": "<|image|>",
+    "boi_token": "<|image>",
+    "eoi_token": "<image|>",
+    "audio_token": "<|audio|>",
+    "boa_token": "<|audio>",
+    "eoa_token": "<audio|>",
+}
 EG2_PROMPTS = {"query": "task: search result | query: ", "document": "title: none | text: "}
 
 
-def tiny_tokenizer(vocab_size: int = 400):
-    """A byte-level BPE trained on a few sentences (any text tokenizes), adding <bos> like Gemma's tokenizers."""
+def tiny_tokenizer(
+    vocab_size: int = 400, add_eos: bool = False, media_tokens: bool = True, named_specials: dict | None = None
+):
+    """A byte-level BPE trained on a few sentences (any text tokenizes), adding <bos> like Gemma's tokenizers
+    (and <eos> after the text with `add_eos`: a trailing special token, which sentence-transformers' prompt length
+    and truncation must both account for). `media_tokens`: name the Gemma 4 family's placeholder tokens as the
+    tokenizer's image_token, boi_token, ... attributes (the multimodal processors read them there);
+    `named_specials`: other families' special tokens by attribute name instead, added after the shared ones."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -276,14 +365,18 @@ def tiny_tokenizer(vocab_size: int = 400):
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(EG2_SPECIAL_TOKENS),
+        special_tokens=list(EG2_SPECIAL_TOKENS) + [t for t in (named_specials or {}).values()],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(EG2_CORPUS * 4, trainer=trainer)
-    bos = tokenizer.token_to_id("<bos>")
+    specials = [("<bos>", tokenizer.token_to_id("<bos>"))]
+    end = ""
+    if add_eos:
+        specials.append(("<eos>", tokenizer.token_to_id("<eos>")))
+        end = " <eos>"
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", bos)]
+        single=f"<bos> $A{end}", pair=f"<bos> $A $B{end}", special_tokens=specials
     )
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
@@ -292,14 +385,7 @@ def tiny_tokenizer(vocab_size: int = 400):
         pad_token="<pad>",
         unk_token="<unk>",
         mask_token="<mask>",
-        extra_special_tokens={
-            "image_token": "<|image|>",
-            "boi_token": "<|image>",
-            "eoi_token": "<image|>",
-            "audio_token": "<|audio|>",
-            "boa_token": "<|audio>",
-            "eoa_token": "<audio|>",
-        },
+        extra_special_tokens=named_specials or (MEDIA_TOKEN_NAMES if media_tokens else {}),
         padding_side="right",
     )
 
@@ -414,11 +500,190 @@ def build_embeddinggemma2(
     return folder
 
 
+# ------------------------------------------------------------------------------------------------- Gemma 3
+
+# Gemma 3's image tokens, by the attribute names Gemma3Processor reads from its tokenizer.
+GEMMA3_IMAGE_TOKENS = {
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+    "image_token": "<image_soft_token>",
+}
+
+
+def tiny_gemma3_config(
+    tokenizer,
+    image_size: int = 224,
+    patch_size: int = 14,
+    tokens_per_image: int = 16,
+    vision_hidden: int = 32,
+    vision_layers: int = 2,
+    vision_heads: int = 2,
+    vision_intermediate: int | None = None,
+    text_hidden: int = 32,
+):
+    """The real google/gemma-3-4b-it is SigLIP at 896 px in 14 px patches (4096 patches, 1152 wide, 27 layers) and
+    256 soft tokens (4 x 4 patches averaged each); here 224 px in 14 px patches (256 patches) and 16 soft tokens,
+    the same 4 x 4 pooling."""
+    from transformers import Gemma3Config, Gemma3TextConfig, SiglipVisionConfig
+
+    vision = SiglipVisionConfig(
+        hidden_size=vision_hidden,
+        intermediate_size=vision_intermediate or 2 * vision_hidden,
+        num_hidden_layers=vision_layers,
+        num_attention_heads=vision_heads,
+        image_size=image_size,
+        patch_size=patch_size,
+        vision_use_head=False,
+    )
+    text = Gemma3TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=text_hidden,
+        intermediate_size=2 * text_hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    ids = {
+        "boi_token_index": tokenizer.convert_tokens_to_ids(GEMMA3_IMAGE_TOKENS["boi_token"]),
+        "eoi_token_index": tokenizer.convert_tokens_to_ids(GEMMA3_IMAGE_TOKENS["eoi_token"]),
+        "image_token_index": tokenizer.convert_tokens_to_ids(GEMMA3_IMAGE_TOKENS["image_token"]),
+    }
+    return Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=tokens_per_image, **ids)
+
+
+def build_gemma3(
+    folder: Path, seed: int = 0, max_shard_size: str | None = None, dtype: torch.dtype = torch.float32, **sizes
+) -> Path:
+    """A tiny Gemma 3 checkpoint laid out like google/gemma-3-4b-it, written by transformers itself:
+    `Gemma3ForConditionalGeneration.save_pretrained` (SigLIP vision tower, multi_modal_projector, language model)
+    and `Gemma3Processor.save_pretrained` (its image processor at the tower's resolution, the tokenizer with
+    Gemma 3's image tokens, image_seq_length)."""
+    from transformers import Gemma3ForConditionalGeneration, Gemma3ImageProcessor, Gemma3Processor
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = tiny_tokenizer(add_eos=False, named_specials=GEMMA3_IMAGE_TOKENS)
+    config = tiny_gemma3_config(tokenizer, **sizes)
+    torch.manual_seed(seed)
+    model = Gemma3ForConditionalGeneration(config).eval()
+    randomize(model, seed)
+    model = model.to(dtype)
+    model.save_pretrained(folder, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    side = config.vision_config.image_size
+    image_processor = Gemma3ImageProcessor(size={"height": side, "width": side})
+    Gemma3Processor(
+        image_processor=image_processor, tokenizer=tokenizer, image_seq_length=config.mm_tokens_per_image
+    ).save_pretrained(folder)
+    return folder
+
+
+# -------------------------------------------------------------------------------------------- EmbeddingGemma
+
+# The task prompts google/embeddinggemma-300m's config_sentence_transformers.json lists (its model card's table).
+EMBEDDINGGEMMA_PROMPTS = {
+    "query": "task: search result | query: ",
+    "document": "title: none | text: ",
+    "BitextMining": "task: search result | query: ",
+    "Clustering": "task: clustering | query: ",
+    "Classification": "task: classification | query: ",
+    "InstructionRetrieval": "task: code retrieval | query: ",
+    "MultilabelClassification": "task: classification | query: ",
+    "PairClassification": "task: sentence similarity | query: ",
+    "Reranking": "task: search result | query: ",
+    "Retrieval": "task: search result | query: ",
+    "Retrieval-query": "task: search result | query: ",
+    "Retrieval-document": "title: none | text: ",
+    "STS": "task: sentence similarity | query: ",
+    "Summarization": "task: summarization | query: ",
+}
+
+
+def build_embeddinggemma(
+    folder: Path,
+    seed: int = 0,
+    max_seq_length: int = 32,
+    text_hidden: int = 32,
+    text_layers: int = 3,
+    sliding_window: int = 8,
+    dense_dims: tuple[int, int] = (384, 256),
+    dtype: torch.dtype = torch.float32,
+    **text_sizes,
+) -> Path:
+    """A tiny EmbeddingGemma (v1) checkpoint laid out like google/embeddinggemma-300m, written by the libraries
+    themselves: transformers' `Gemma3TextModel.save_pretrained` (a bidirectional Gemma 3 text model, weights
+    without a prefix) and the tokenizer, then sentence-transformers' own `SentenceTransformer.save` (mean
+    Pooling, two Dense modules without bias and with the identity activation, Normalize, the task prompts,
+    max_seq_length).
+
+    The real model is 768 -> 3072 -> 768; here the text model is `text_hidden` wide and the Dense modules map it
+    to `dense_dims` (the output, 256, exceeds 128 so `--dim 128` truncates). `max_seq_length` (32 tokens) is short
+    so a test line exceeds it; the sliding window (8, a radius of 5 tokens once transformers halves it for
+    bidirectional attention) is crossed by every sample sequence."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Dense, Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = tiny_tokenizer(add_eos=True, media_tokens=False)
+    heads = max(2, text_hidden // 64)
+    sizes = {
+        "intermediate_size": 2 * text_hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": 1,
+        "head_dim": 16 if text_hidden == 32 else 64,
+        "query_pre_attn_scalar": 16 if text_hidden == 32 else 64,
+        **text_sizes,
+    }
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=text_hidden,
+        num_hidden_layers=text_layers,
+        layer_types=["sliding_attention"] * (text_layers - 1) + ["full_attention"],
+        sliding_window=sliding_window,
+        use_bidirectional_attention=True,
+        max_position_embeddings=max(2048, max_seq_length),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **sizes,
+    )
+    torch.manual_seed(seed)
+    model = Gemma3TextModel(config).eval()
+    randomize(model, seed)
+    model.to(dtype).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+    transformer = Transformer(str(folder), max_seq_length=max_seq_length)
+    first = Dense(text_hidden, dense_dims[0], bias=False, activation_function=torch.nn.Identity())
+    second = Dense(dense_dims[0], dense_dims[1], bias=False, activation_function=torch.nn.Identity())
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for layer in (first, second):
+            for parameter in layer.parameters():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) / math.sqrt(parameter.shape[-1]))
+    modules = [transformer, Pooling(text_hidden, "mean"), first, second, Normalize()]
+    SentenceTransformer(modules=modules, prompts=dict(EMBEDDINGGEMMA_PROMPTS)).save(str(folder))
+    (folder / "README.md").unlink(missing_ok=True)  # the generated model card: no loader reads it
+    # The hub repository states its max_seq_length in sentence_bert_config.json too (sentence-transformers 6 saves
+    # it in the tokenizer's model_max_length only); both say the same here.
+    st_config = folder / "sentence_bert_config.json"
+    st_config.write_text(json.dumps({**json.loads(st_config.read_text()), "max_seq_length": max_seq_length}, indent=4))
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE / "tiny-gemma4")
     parser.add_argument("--out-gemma3n", type=Path, default=HERE / "tiny-gemma3n")
     parser.add_argument("--out-embeddinggemma2", type=Path, default=HERE / "tiny-embeddinggemma2")
+    parser.add_argument("--out-embeddinggemma", type=Path, default=HERE / "tiny-embeddinggemma")
+    parser.add_argument("--out-gemma3", type=Path, default=HERE / "tiny-gemma3")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     build_gemma4(args.out, seed=args.seed)
@@ -427,6 +692,10 @@ def main() -> None:
     print(f"wrote {args.out_gemma3n}")
     build_embeddinggemma2(args.out_embeddinggemma2, seed=args.seed)
     print(f"wrote {args.out_embeddinggemma2}")
+    build_embeddinggemma(args.out_embeddinggemma, seed=args.seed)
+    print(f"wrote {args.out_embeddinggemma}")
+    build_gemma3(args.out_gemma3, seed=args.seed)
+    print(f"wrote {args.out_gemma3}")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ for images/video, the audio tower and `embed_audio` for audio, each strictly, th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,20 +42,17 @@ from gemma_embed.models.base import PreparedItem, Unit
 from gemma_embed.models.gemma4 import resized_size, trim_vision_inputs
 from gemma_embed.models.gemma4_audio import gemma4_audio_rows
 from gemma_embed.models.loading import Checkpoint, load_part
+from gemma_embed.models.st_head import SentenceHead, token_batch
 from gemma_embed.models.st_inputs import (
     MODALITIES,
     MODEL_TYPE,
-    MODULE_WEIGHTS_FILE,
-    NORMALIZE,
-    DenseLayer,
     InputFormer,
     SentenceTransformerSetup,
-    activation_module,
     load_st_processor,
     read_sentence_transformers,
     with_processing_kwargs,
 )
-from gemma_embed.pooling import l2_normalize, mean_pool, truncate_dim
+from gemma_embed.pooling import mean_pool
 
 TEXT_MODEL_PREFIXES = ("language_model.", "model.language_model.")
 
@@ -246,18 +242,14 @@ class EmbeddingGemma2TextTower:
         self.device = torch.device(device)
         self.dtype = dtype
         self.setup = setup or read_sentence_transformers(checkpoint)
-        width = self.setup.dim or text_config.embedding_dim
-        if dim is not None and not 0 < int(dim) <= width:  # before any tensor is read
-            raise UsageError(f"--dim {dim}: the model's vectors have {width} dimensions")
-        self.dim = int(dim) if dim is not None and int(dim) < width else None
-        self.width = self.dim or width
+        self.head = SentenceHead(checkpoint, self.setup, self.device, text_config.embedding_dim, dim)
+        self.dim, self.width = self.head.dim, self.head.width
         self.pad_id = int(text_config.pad_token_id or 0)
         config = checkpoint.config
         ids = [getattr(config, name, None) for name in ("image_token_id", "video_token_id", "audio_token_id")]
         self.multimodal_ids = torch.tensor([int(i) for i in ids if i is not None], dtype=torch.long)
         self.output_dims = {"retrieval": self.width}
         self.model = None
-        self.head: list = []
         if load:
             self.load()
 
@@ -275,7 +267,7 @@ class EmbeddingGemma2TextTower:
             self.dtype,
             self.device,
         )
-        self.head = _load_head(self.checkpoint, self.setup, self.device)
+        self.head.load()
 
     @property
     def element_size(self) -> int:
@@ -289,9 +281,8 @@ class EmbeddingGemma2TextTower:
         from gemma_embed.models.loading import built_bytes
 
         if self.model is not None:
-            return resident_bytes(self)
-        dense = sum(4 * step.in_features * step.out_features for step in self.setup.head if step != NORMALIZE)
-        return built_bytes(lambda: EmbeddingGemma2TextModel(self.config), self.dtype) + dense
+            return resident_bytes(self) + self.head.weight_bytes()
+        return built_bytes(lambda: EmbeddingGemma2TextModel(self.config), self.dtype) + self.head.weight_bytes()
 
     def unit_cost(self, length: int) -> int:
         cfg = self.config
@@ -305,18 +296,11 @@ class EmbeddingGemma2TextTower:
             sliding_window=cfg.sliding_window if "sliding_attention" in cfg.layer_types else None,
         )
 
-    def encode(self, units: list[Unit], space: str = "retrieval") -> list[torch.Tensor]:
-        longest = max(u.length for u in units)
-        ids = torch.full((len(units), longest), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(units), longest), dtype=torch.long)
-        slots = torch.zeros((len(units), longest), dtype=torch.bool)
-        pool = torch.zeros((len(units), longest), dtype=torch.long)
+    def encode(self, units: list[Unit], space: str = "retrieval") -> torch.Tensor:
+        ids, mask, pool = token_batch(units, self.pad_id)
+        slots = torch.zeros(ids.shape, dtype=torch.bool)
         for i, unit in enumerate(units):
-            n = unit.length
-            ids[i, :n] = unit.inputs["input_ids"]
-            mask[i, :n] = 1
-            slots[i, :n] = unit.inputs["placeholders"]
-            pool[i, unit.inputs.get("pool_from", 0) : n] = 1
+            slots[i, : unit.length] = unit.inputs["placeholders"]
         ids, mask, slots, pool = (t.to(self.device) for t in (ids, mask, slots, pool))
         # As EmbeddingGemma2Model.forward: every placeholder id embeds as padding, then the item's rows overwrite
         # its own slots in order.
@@ -326,51 +310,7 @@ class EmbeddingGemma2TextTower:
         if rows:
             embeds = embeds.masked_scatter(slots.unsqueeze(-1), torch.cat(rows).to(self.device, embeds.dtype))
         hidden = self.model(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
-        return self.finish(mean_pool(hidden, pool))  # (B, D): one row per unit, split by the engine
-
-    def finish(self, pooled: torch.Tensor) -> torch.Tensor:
-        """Pooled float32 vectors through the Dense / Normalize modules, then the optional truncation."""
-        x = pooled.float()
-        for step in self.head:
-            x = l2_normalize(x) if step == NORMALIZE else step(x)
-        return truncate_dim(x, self.dim)
-
-
-class _Dense(torch.nn.Module):
-    def __init__(self, spec: DenseLayer):
-        super().__init__()
-        self.linear = torch.nn.Linear(spec.in_features, spec.out_features, bias=spec.bias)
-        self.activation = activation_module(spec.activation)
-        self.use_residual = spec.use_residual
-        if spec.use_residual and spec.in_features != spec.out_features:
-            self.residual = torch.nn.Linear(spec.in_features, spec.out_features, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.activation(self.linear(x))
-        if self.use_residual:
-            out = out + (self.residual(x) if hasattr(self, "residual") else x)
-        return out
-
-
-def _load_head(checkpoint: Checkpoint, setup: SentenceTransformerSetup, device) -> list:
-    """Dense modules (float32, strict, from their safetensors) and NORMALIZE markers, in module order."""
-    from gemma_embed.models.loading import build_without_init, load_module, open_weights
-
-    head: list = []
-    for step in setup.head:
-        if step == NORMALIZE:
-            head.append(NORMALIZE)
-            continue
-        relative = f"{step.folder}/{MODULE_WEIGHTS_FILE}"
-        path = checkpoint.file_for(relative)
-        if not Path(path).is_file():
-            raise CheckpointError(f"{checkpoint.source}: no {relative} (only safetensors weights are read)")
-        with open_weights(checkpoint.source, relative, path) as fh:  # a pickle in disguise is one line
-            tensors = {key: fh.get_tensor(key) for key in fh.keys()}
-        module, dtypes = build_without_init(lambda step=step: _Dense(step), torch.float32)
-        module = load_module(module, dtypes, tensors, relative, device)
-        head.append(module)
-    return head
+        return self.head(mean_pool(hidden, pool))  # (B, D): one row per unit, split by the engine
 
 
 # ------------------------------------------------------------------------------------------- the family

@@ -43,9 +43,19 @@ class Family:
     # Checks that refuse an option combination for this family before anything loads (e.g. a dtype it cannot
     # compute): (config, space) -> None, or UsageError.
     check: Callable[[RunConfig, Space], None] | None = None
+    # A finer test than the model type, where one model type holds other models too (EmbeddingGemma is a
+    # bidirectional `gemma3_text`; a causal one is a language model): config -> bool.
+    matches: Callable[[Any], bool] | None = None
+    # How its model types read where `matches` narrows them ("gemma3_text (bidirectional)"); the model types else.
+    described_as: str | None = None
 
     def recognises(self, config: Any) -> bool:
-        return getattr(config, "model_type", None) in self.model_types
+        if getattr(config, "model_type", None) not in self.model_types:
+            return False
+        return self.matches is None or bool(self.matches(config))
+
+    def model_type_words(self) -> str:
+        return self.described_as or ", ".join(self.model_types)
 
     def spaces(self) -> tuple[Space, ...]:
         return tuple(dict.fromkeys(space for support in self.commands.values() for space in support.spaces))

@@ -1,4 +1,5 @@
-"""Gemma 3n: audio tower (a USM conformer) + `embed_audio`. Its vision tower needs timm and is not wired in.
+"""Gemma 3n: audio tower (a USM conformer) + `embed_audio`. Its vision tower (timm's MobileNetV5) is
+models/gemma3n_vision.py.
 
 Two things differ from Gemma 4 and both matter for exactness:
 
@@ -135,15 +136,22 @@ def build_audio(config, checkpoint, device, dtype, space):
 
 
 def _family():
-    from gemma_embed.config import Modality, Space
+    from gemma_embed.config import Modality, Pool, Space
+    from gemma_embed.models import gemma3n_vision
     from gemma_embed.models.family import Family, Support
 
+    towers = (Space.language, Space.tower)
+    vision = ("vision", gemma3n_vision.VISION_MODEL_TYPE)
     return Family(
         name="Gemma 3n",
         model_types=("gemma3n",),
         examples=("google/gemma-3n-e2b-it", "google/gemma-3n-e4b-it"),
         commands={
-            Modality.audio: Support(build_audio, (Space.language, Space.tower), tower=("audio", "gemma3n_audio")),
+            Modality.images: Support(gemma3n_vision.build_images, towers, tower=vision),
+            Modality.video: Support(
+                gemma3n_vision.build_video, towers, pools=(Pool.none, Pool.mean, Pool.frame), tower=vision
+            ),
+            Modality.audio: Support(build_audio, towers, tower=("audio", "gemma3n_audio")),
         },
     )
 

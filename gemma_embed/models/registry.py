@@ -18,7 +18,9 @@ from gemma_embed.models.family import Family, Support
 
 FAMILY_MODULES = (
     "gemma_embed.models.gemma4",
+    "gemma_embed.models.gemma3",
     "gemma_embed.models.gemma3n",
+    "gemma_embed.models.embeddinggemma",
     "gemma_embed.models.embeddinggemma2",
 )
 
@@ -53,10 +55,12 @@ def resolve(config: RunConfig, checkpoint) -> Route:
     family = find_family(checkpoint.config)
     support = family.commands.get(modality) if family is not None else None
     space = _space(config, modality, support)
-    if support is None or space not in support.spaces:
+    if support is None or space not in support.spaces or not _has_tower(checkpoint, support):
         raise _unsupported(checkpoint, modality, space)
     if space != Space.retrieval and (config.dim is not None or config.prompt is not None or config.prompt_name):
-        raise UsageError("--dim, --prompt and --prompt-name apply to EmbeddingGemma 2 retrieval vectors only")
+        raise UsageError(
+            "--dim, --prompt and --prompt-name apply to retrieval vectors only (EmbeddingGemma checkpoints)"
+        )
     pools = support.pools_for(space)
     if config.pool not in pools:
         raise UsageError(f"--pool {config.pool} does not apply to {modality} (choose {', '.join(map(str, pools))})")
@@ -68,12 +72,21 @@ def resolve(config: RunConfig, checkpoint) -> Route:
 def _space(config: RunConfig, modality: Modality, support: Support | None) -> Space:
     space = Space(config.space)
     if modality == Modality.text and space not in (Space.auto, Space.retrieval):
-        raise UsageError("text has no tower rows: --space retrieval (EmbeddingGemma 2) is the only one")
+        raise UsageError("text has no tower rows: --space retrieval (EmbeddingGemma checkpoints) is the only one")
     if space != Space.auto:
         return space
     if support is not None:
         return support.spaces[0]
     return Space.retrieval if modality == Modality.text else Space.language
+
+
+def _has_tower(checkpoint, support: Support) -> bool:
+    """Whether the checkpoint's tower of the command's kind is the type the family runs (a Gemma 3n config with
+    another vision tower would otherwise fail later, while loading)."""
+    if support.tower is None:
+        return True
+    kind, model_type = support.tower
+    return getattr(getattr(checkpoint.config, f"{kind}_config", None), "model_type", None) == model_type
 
 
 def _unsupported(checkpoint, modality: Modality, space: Space) -> CheckpointError:
@@ -82,10 +95,10 @@ def _unsupported(checkpoint, modality: Modality, space: Space) -> CheckpointErro
     if space == Space.retrieval:
         able = [f for f in families() if space in getattr(f.commands.get(modality), "spaces", ())]
         names = " or ".join(f.name for f in able)
-        types = ", ".join(t for f in able for t in f.model_types)
+        types = "; ".join(f.model_type_words() for f in able)
         return CheckpointError(
             f"{checkpoint.source}: {modality} to retrieval vectors need an {names} checkpoint "
-            f"(model type {types}); this one is {model_type}"
+            f"(model type {types}); this one is {_described(checkpoint.config)}"
         )
     kind = next(s.tower[0] for f in families() if (s := f.commands.get(modality)) and s.tower)
     wanted: dict[str, list[str]] = {}
@@ -113,6 +126,7 @@ def models_table() -> list[dict]:
         {
             "family": family.name,
             "model_types": list(family.model_types),
+            "model_type": family.model_type_words(),
             "examples": list(family.examples),
             "commands": [str(m) for m in family.commands],
             "spaces": [str(s) for s in family.spaces()],
@@ -126,7 +140,7 @@ def models_markdown() -> str:
     lines = ["| family | model type | example hub ids | commands | spaces |", "|---|---|---|---|---|"]
     for row in models_table():
         lines.append(
-            f"| {row['family']} | {', '.join(row['model_types'])} | {', '.join(f'`{e}`' for e in row['examples'])} "
+            f"| {row['family']} | {row['model_type']} | {', '.join(f'`{e}`' for e in row['examples'])} "
             f"| {', '.join(row['commands'])} | {', '.join(row['spaces'])} |"
         )
     return "\n".join(lines) + "\n"
@@ -138,7 +152,7 @@ def models_text() -> str:
     rows = [
         [
             r["family"],
-            ", ".join(r["model_types"]),
+            r["model_type"],
             ", ".join(r["examples"]),
             ", ".join(r["commands"]),
             ", ".join(r["spaces"]),
@@ -148,3 +162,11 @@ def models_text() -> str:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
     return "\n".join(lines) + "\n"
+
+
+def _described(config) -> str:
+    """A checkpoint's model type, and what a family of that model type needs where it lacks it (a causal
+    gemma3_text is a language model, not EmbeddingGemma)."""
+    model_type = getattr(config, "model_type", "?")
+    near = [f for f in families() if model_type in f.model_types and not f.recognises(config)]
+    return f"{model_type}, not {near[0].model_type_words()}" if near else str(model_type)

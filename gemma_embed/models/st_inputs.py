@@ -1,5 +1,5 @@
-"""sentence-transformers' side of EmbeddingGemma 2, without sentence-transformers: what its files say, and how
-its `Transformer` module (6.2) turns one item into processor output.
+"""sentence-transformers' side of EmbeddingGemma and EmbeddingGemma 2, without sentence-transformers: what its
+files say, and how its `Transformer` module (6.2) turns one item into processor (or tokenizer) output.
 
 The files are read as plain JSON and safetensors (no pickle, no remote code). Inputs are formed by the same
 transformers calls sentence-transformers makes, with the same kwargs, for one item at a time, so the token ids
@@ -146,7 +146,7 @@ def read_sentence_transformers(checkpoint: Checkpoint) -> SentenceTransformerSet
         mode = mode[0] if len(mode) == 1 else tuple(mode)
     if mode != "mean":
         raise CheckpointError(
-            f"{checkpoint.source}: pooling mode {mode!r} is not supported (EmbeddingGemma 2 uses mean)"
+            f"{checkpoint.source}: pooling mode {mode!r} is not supported (the EmbeddingGemma models use mean)"
         )
 
     head: list = []
@@ -232,12 +232,15 @@ class InputFormer:
     """
 
     def __init__(self, processor, setup: SentenceTransformerSetup, model_type: str = MODEL_TYPE):
-        from transformers import ProcessorMixin
+        from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
-        if not isinstance(processor, ProcessorMixin):
-            raise CheckpointError(f"expected a multimodal processor, got {type(processor).__name__}")
+        # A text-only checkpoint (EmbeddingGemma) has a bare tokenizer where a multimodal one has a processor:
+        # AutoProcessor returns whichever the folder holds, and sentence-transformers calls each its own way.
+        self.bare_tokenizer = isinstance(processor, PreTrainedTokenizerBase)
+        if not (self.bare_tokenizer or isinstance(processor, ProcessorMixin)):
+            raise CheckpointError(f"expected a processor or a tokenizer, got {type(processor).__name__}")
         self.processor = processor
-        self.tokenizer = processor.tokenizer
+        self.tokenizer = processor if self.bare_tokenizer else processor.tokenizer
         self.setup = setup
         self.message_format = None
         if setup.message_format is not None:
@@ -269,11 +272,25 @@ class InputFormer:
             per_modality["audio"]["sampling_rate"] = int(sampling_rate)
         return per_modality, common, dict(configured.get("chat_template") or {})
 
-    def form(self, modality: str, value: Any, prompt: str | None = None, sampling_rate: int | None = None):
-        """The processor output (a BatchFeature of one item) and pool_from."""
+    def form(
+        self,
+        modality: str,
+        value: Any,
+        prompt: str | None = None,
+        sampling_rate: int | None = None,
+        truncation: bool = True,
+    ):
+        """The processor output (a BatchFeature of one item) and pool_from. `truncation=False`: the same call
+        with text truncation off, to count what truncation cut."""
         if modality not in MODALITIES:
             raise ValueError(f"unknown modality {modality!r}")
         per_modality, common, chat = self.kwargs(modality, sampling_rate)
+        if not truncation:  # (verbose=False: no "sequence length is longer than" warning on stderr)
+            per_modality["text"].update(truncation=False, verbose=False)
+            for bucket in (common, chat):
+                bucket.pop("truncation", None)
+                bucket.pop("max_length", None)
+            per_modality["text"].pop("max_length", None)
         if self.uses_messages:
             messages = self._messages(modality, value, prompt)
             return self._process_messages(messages, per_modality, common, chat), 0
@@ -284,6 +301,10 @@ class InputFormer:
             value = prompt + value
             if not self.setup.include_prompt:
                 pool_from = self.prompt_length(prompt)
+        if self.bare_tokenizer:  # Transformer._call_single_modality_processor: the text first, flat kwargs
+            if modality != "text":
+                raise UsageError(f"this checkpoint has a tokenizer only: it embeds text, not {modality}")
+            return self.processor([value], **per_modality["text"], **common), pool_from
         argument = {"text": "text", "image": "images", "audio": "audio", "video": "videos"}[modality]
         out = self.processor(
             **{argument: [value]},
@@ -318,10 +339,17 @@ class InputFormer:
         return messages
 
     def _apply_chat_template(self, messages: list[dict], per_modality: dict, common: dict, chat: dict):
-        size_keys = {"padding", "truncation", "max_length", "return_tensors"} & chat.keys()
+        size_keys = _CHAT_TOP_LEVEL_KWARGS & chat.keys()
         if size_keys:
             chat = dict(chat)
             per_modality = {**per_modality, "text": {**per_modality["text"], **{k: chat.pop(k) for k in size_keys}}}
+        if self.bare_tokenizer:  # a bare tokenizer wants the size kwargs at the top level, not nested
+            text, common = dict(per_modality["text"]), dict(common)
+            top = {key: common.pop(key) for key in _CHAT_TOP_LEVEL_KWARGS & common.keys()}
+            top |= {key: text.pop(key) for key in _CHAT_TOP_LEVEL_KWARGS & text.keys()}
+            return self.processor.apply_chat_template(
+                [messages], tokenize=True, return_dict=True, tokenizer_kwargs=text, common_kwargs=common, **top, **chat
+            )
         video = dict(per_modality["video"])
         chat = {"load_audio_from_video": video.pop("load_audio_from_video", False), **chat}
         return self.processor.apply_chat_template(
@@ -369,7 +397,7 @@ class InputFormer:
             ids[0, end - keep : end] = torch.as_tensor(suffix[-keep:], dtype=ids.dtype)
 
     def _suffix_ids(self, messages, per_modality, common, chat) -> list[int]:
-        size = {"padding", "truncation", "max_length", "return_tensors"}
+        size = _CHAT_TOP_LEVEL_KWARGS
         text = {k: v for k, v in per_modality["text"].items() if k not in size}
         common = {k: v for k, v in common.items() if k not in size}
         chat = {k: v for k, v in chat.items() if k not in size}
@@ -391,6 +419,10 @@ class InputFormer:
                 count += 1
             self._suffix_cache[key] = first[len(first) - count :] if 0 < count < min(len(first), len(second)) else []
         return self._suffix_cache[key]
+
+
+# apply_chat_template's own size arguments (sentence-transformers' _APPLY_CHAT_TEMPLATE_TOP_LEVEL_KWARGS).
+_CHAT_TOP_LEVEL_KWARGS = frozenset({"padding", "truncation", "max_length", "return_tensors"})
 
 
 def _text_only(messages: list[dict]) -> bool:
@@ -432,8 +464,12 @@ def load_st_processor(checkpoint: Checkpoint, setup: SentenceTransformerSetup):
     """AutoProcessor from the checkpoint folder with the module's processor_kwargs, its tokenizer's
     model_max_length capped as sentence-transformers caps it."""
     kwargs = {k: v for k, v in setup.processor_kwargs.items() if k not in ("revision", "token", "cache_dir")}
+    from transformers import PreTrainedTokenizerBase
+
     processor = load_pretrained("AutoProcessor", checkpoint.folder, checkpoint.source, "processor", **kwargs)
-    tokenizer = getattr(processor, "tokenizer", None)
+    # A text-only checkpoint (EmbeddingGemma) has no processor: AutoProcessor gives its tokenizer.
+    tokenizer = processor if isinstance(processor, PreTrainedTokenizerBase) else None
+    tokenizer = tokenizer or getattr(processor, "tokenizer", None)
     limit = getattr(checkpoint.config, "max_position_embeddings", -1)
     if (
         tokenizer is not None

@@ -176,12 +176,14 @@ def require_input(
     ext: Iterable[str] | None,
     skipped: Counter,
     dataset: str | None = None,
+    plan: bool = False,
 ) -> Iterator[Source]:
     """The same sources, lazily; UsageError before the first if there is none at all (a wrong folder or the
-    wrong command: `gemma-embed images videos/` must not succeed with an empty output)."""
+    wrong command: `gemma-embed images videos/` must not succeed with an empty output). `plan`: the message's
+    hint names `plan --modality` rather than a command."""
     first = next(sources, None)
     if first is None:
-        raise UsageError(no_input_message(inputs, modality, ext, skipped, dataset))
+        raise UsageError(no_input_message(inputs, modality, ext, skipped, dataset, plan))
 
     def chained() -> Iterator[Source]:
         yield first
@@ -191,9 +193,15 @@ def require_input(
 
 
 def no_input_message(
-    inputs: Iterable[str], modality: str, ext: Iterable[str] | None, skipped: Counter, dataset: str | None = None
+    inputs: Iterable[str],
+    modality: str,
+    ext: Iterable[str] | None,
+    skipped: Counter,
+    dataset: str | None = None,
+    plan: bool = False,
 ) -> str:
-    """One line: where it looked, for what, and what it passed over."""
+    """One line: where it looked, for what, and what it passed over; when every file passed over is another
+    command's (`gemma-embed images videos/`), which command takes them."""
     inputs = list(inputs)
     if not inputs and not dataset:
         return "nothing to embed: give files, folders, tar shards or - (a list on stdin), or --dataset NAME"
@@ -204,17 +212,34 @@ def no_input_message(
     if dataset:
         where = (where + " and " if where else "") + f"the dataset {dataset}"
     wanted = sorted(ext) if ext else sorted(extensions(modality))
-    shown = " ".join(wanted[:12]) + (f" ... ({len(wanted)} extensions, see README)" if len(wanted) > 12 else "")
+    listing = f"gemma-embed {modality} --list-extensions"
+    shown = " ".join(wanted[:12]) + (f" ... ({len(wanted)} extensions: {listing})" if len(wanted) > 12 else "")
     noun = Modality(modality).singular
     line = f"no {noun} files found in {where or 'the arguments'}: looked for {shown}"
     files, members = _by_extension_and_kind(skipped)
     if files:
         passed = ", ".join(f"{e} x{n}" for e, n in files.most_common(5))
         more = "" if len(files) <= 5 else f", {len(files) - 5} more kinds"
-        line += f"; passed over {files.total()} files ({passed}{more}); --ext chooses the extensions"
+        line += f"; passed over {files.total()} files ({passed}{more})"
+        other = other_command(modality, files) if not ext else None
+        if other is None:
+            line += "; --ext chooses the extensions"
+        else:
+            command = f"plan --modality {other}" if plan else other
+            line += f"; these are {Modality(other).singular} files: gemma-embed {command} PATH..."
     if members:
         line += f"; {_members_note(members)}"
     return line
+
+
+def other_command(modality: str, passed_over: Counter) -> str | None:
+    """The first other command (images, video, audio, text) whose folder walk takes every extension in
+    `passed_over`; None when there is none."""
+    found = set(passed_over)
+    for other in Modality:
+        if other != modality and found and found <= extensions(other):
+            return other.value
+    return None
 
 
 def skipped_note(modality: str, skipped: Counter) -> str | None:

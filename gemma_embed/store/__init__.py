@@ -41,6 +41,7 @@ _LAZY = {
     **{
         name: "layout"
         for name in (
+            "check_output_folder",
             "errors_path",
             "index_path",
             "lock_path",

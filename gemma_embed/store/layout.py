@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from pathlib import Path
 
 from gemma_embed import FORMAT
@@ -120,6 +121,21 @@ def output_folder(path: Path) -> Path:
 
 def cannot_write_here(folder: Path, exc: OSError) -> UsageError:
     return UsageError(f"{folder}: cannot write the output here: {exc.strerror or exc}")
+
+
+def check_output_folder(path: str | os.PathLike) -> Path:
+    """Before any work, for every command that writes a file (an embedding output, `search --html`, `export`,
+    `index`): the folder `path` goes in exists and takes a new file, else the one usage error every command
+    gives (`nodir: output folder does not exist`). Returns the folder."""
+    path = Path(path)
+    folder = output_folder(path)
+    probe = folder / f".{path.name}.{secrets.token_hex(4)}.probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        probe.unlink()
+    except OSError as exc:
+        raise cannot_write_here(folder, exc) from exc
+    return folder
 
 
 def write_index(output: Path, files: list[Path], located: list[tuple[str, int]]) -> Path:

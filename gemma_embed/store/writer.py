@@ -21,9 +21,7 @@ One writer per output: the caller holds the output's lock (`lock.py`) for the wr
 from __future__ import annotations
 
 import json
-import os
 import re
-import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -39,10 +37,9 @@ from gemma_embed.store import tensors_file
 from gemma_embed.store.layout import (
     HEADER_CAP,
     DamagedFile,
-    cannot_write_here,
+    check_output_folder,
     index_path,
     output_files,
-    output_folder,
     parts_folder,
     plan_shards,
     shard_path,
@@ -329,13 +326,7 @@ def check_output_path(path: Path, overwrite: bool, resume: bool = False) -> None
             )
         if output_files(path):
             raise UsageError(f"{path}: output exists; pass --overwrite to replace it or --resume to add to it")
-    folder = output_folder(path)
-    probe = folder / f".{path.name}.{secrets.token_hex(4)}.probe"
-    try:
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        probe.unlink()
-    except OSError as exc:
-        raise cannot_write_here(folder, exc) from exc
+    check_output_folder(path)
 
 
 def check_resumable(output: Path) -> None:

@@ -135,7 +135,8 @@ def test_inspect_and_search_tables_escape_the_names(hostile_run):
     hits = _invoke("search", out, "--image", query, "-k", "4")
     assert hits.exit_code == 0, hits.stderr
     assert control_bytes(hits.stdout.encode("utf-8", "surrogateescape")) == []
-    header, *rows = hits.stdout.splitlines()
+    scoring, header, *rows = hits.stdout.splitlines()
+    assert scoring == "query: the mean of its rows; scoring: cosine with each item's best row"
     assert header.split() == ["rank", "score", "key", "path"] and len(rows) == 4
     assert rows[0].split()[2] == printable(query.name)  # the image itself ranks first
     for name in HOSTILE_NAMES:  # each key and path once, escaped, on its own row

@@ -283,10 +283,10 @@ def test_an_unreachable_hub_fails_fast_in_one_line(tmp_path):
             "(see 'gemma-embed images --help')",
         ),
         (
-            ["--model", ROOT / "samples" / "tiny-gemma3n"],
-            f"error: {ROOT / 'samples' / 'tiny-gemma3n'}: images need a vision tower of type gemma4_vision "
-            "(Gemma 4 and EmbeddingGemma 2 checkpoints); this gemma3n checkpoint's is gemma3n_vision, which is "
-            "not supported",
+            ["--model", ROOT / "samples" / "tiny-embeddinggemma"],
+            f"error: {ROOT / 'samples' / 'tiny-embeddinggemma'}: this gemma3_text checkpoint has no vision tower; "
+            "images need one of type gemma4_vision (Gemma 4 and EmbeddingGemma 2 checkpoints); siglip_vision_model "
+            "(Gemma 3 checkpoints); gemma3n_vision (Gemma 3n checkpoints)",
         ),
     ],
     ids=["bare-budget", "bad-device", "unsupported-model"],
@@ -336,7 +336,7 @@ def test_inspect_shows_paths_in_a_stable_order_and_fails_in_one_line(tmp_path):
     assert shown[0] == shown[1]
     assert str(SAMPLE_IMAGES / "landscape.jpg") in shown[0]
     header = [line.split()[0] for line in shown[0].splitlines()[:4]]
-    assert header == ["format", "model", "revision", "model_type"]
+    assert header == ["format", "model", "model_type", "modality"]  # the empty revision row is left out
     as_json = json.loads(_cli("inspect", out, "--json").stdout)
     assert list(as_json)[:2] == ["format", "model"] and len(as_json["items"]) == len(as_json["keys"]) == 7
     missing = _cli("inspect", tmp_path / "nope.safetensors")

@@ -22,7 +22,7 @@ from gemma_embed.models.loading import resolve_checkpoint
 
 @pytest.fixture(scope="module")
 def gemma3n_dir(tmp_path_factory):
-    return build_gemma3n(tmp_path_factory.mktemp("ckpt") / "g3n", seed=1)
+    return build_gemma3n(tmp_path_factory.mktemp("ckpt") / "g3n", seed=1, vision=False)  # audio tests
 
 
 @pytest.fixture(scope="module")

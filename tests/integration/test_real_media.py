@@ -186,7 +186,8 @@ def test_a_run_that_finds_no_input_is_a_usage_error(tmp_path):
     (line,) = proc.stderr.decode().splitlines()
     assert proc.returncode == 2
     assert line.startswith(f"error: no image files found in {videos}: looked for .apng .avif"), line
-    assert "passed over 5 files (.mp4 x2, " in line and "--ext" in line
+    assert "passed over 5 files (.mp4 x2, " in line
+    assert line.endswith("; these are video files: gemma-embed video PATH...")  # the command that takes them
     assert not (tmp_path / "o.safetensors").exists()
     for command, stdin in ((["plan", videos], None), (["audio", "-", "-o", tmp_path / "o.safetensors"], "")):
         result = CliRunner().invoke(app, [*map(str, command), "--model", str(tmp_path / "no-model")], input=stdin)

@@ -153,6 +153,61 @@ def test_text_cost_model_never_underestimates_measured_peaks(layers, ple, length
     assert measured_mib * 2**20 <= modelled <= 1.25 * measured_mib * 2**20
 
 
+# EmbeddingGemma's text model (Gemma 3, bidirectional), measured the same way (`python -m bench.bench_text_memory
+# embeddinggemma`, bench/MEMORY.md): (lengths in one batch, bytes per element, measured MiB); hidden 768,
+# intermediate 1152, head_dim 256, sliding radius 257, 6 layers.
+EMBEDDINGGEMMA_TEXT_MEASURED = [
+    ([128], 4, 5.2),
+    ([2048], 4, 91.0),
+    ([2048, 2048], 4, 174.0),
+    ([1024, 800], 4, 83.0),
+    ([2048], 2, 75.1),
+    ([4096], 4, 300.1),
+]
+
+
+@pytest.mark.parametrize("lengths, s, measured_mib", EMBEDDINGGEMMA_TEXT_MEASURED)
+def test_embeddinggemma_text_cost_model_never_underestimates_measured_peaks(lengths, s, measured_mib):
+    cost = memory.text_sequence_cost(
+        max(lengths), 768, 1152, 6, 0, s, sliding_window=257, rotary_dims=512, dense_full_mask=True
+    )
+    modelled = len(lengths) * cost
+    assert measured_mib * 2**20 <= modelled <= 1.2 * measured_mib * 2**20
+
+
+# Gemma 3's SigLIP tower + multi_modal_projector (`python -m bench.bench_family_memory gemma3`, bench/MEMORY.md):
+# (hidden, intermediate, heads, patches, batch, bytes per element, measured MiB); 14 px patches, SDPA, 2 layers.
+SIGLIP_MEASURED = [
+    (1152, 4304, 16, 4096, 1, 4, 206.5),
+    (1152, 4304, 16, 4096, 2, 4, 413.0),
+    (1152, 4304, 16, 1024, 1, 4, 51.6),
+    (1152, 4304, 16, 4096, 1, 2, 103.2),
+    (256, 1024, 4, 4096, 1, 4, 48.0),
+]
+
+
+@pytest.mark.parametrize("d, i, h, n, b, s, measured_mib", SIGLIP_MEASURED)
+def test_siglip_cost_model_never_underestimates_measured_peaks(d, i, h, n, b, s, measured_mib):
+    modelled = b * memory.siglip_item_cost(n, d, i, h, s)
+    assert measured_mib * 2**20 <= modelled <= 1.2 * measured_mib * 2**20
+
+
+# Gemma 3n's MobileNetV5 encoder as released (`python -m bench.bench_family_memory gemma3n`, bench/MEMORY.md):
+# (input side in pixels, batch, bytes per element, measured MiB).
+MOBILENETV5_MEASURED = [
+    (768, 1, 4, 375.9),
+    (512, 1, 4, 168.6),
+    (512, 2, 4, 337.2),
+    (768, 1, 2, 297.2),
+]
+
+
+@pytest.mark.parametrize("side, b, s, measured_mib", MOBILENETV5_MEASURED)
+def test_mobilenetv5_cost_model_never_underestimates_measured_peaks(side, b, s, measured_mib):
+    modelled = b * memory.mobilenetv5_item_cost(side * side, s)
+    assert measured_mib * 2**20 <= modelled <= 1.2 * measured_mib * 2**20
+
+
 def test_text_cost_is_linear_below_the_window_and_quadratic_above():
     def cost(n):
         return memory.text_sequence_cost(n, 512, 2048, 6, 64, 4, sliding_window=512)

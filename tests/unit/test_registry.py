@@ -19,6 +19,10 @@ def checkpoint(model_type: str, **sub_configs) -> SimpleNamespace:
     return SimpleNamespace(source="ckpt/", config=SimpleNamespace(model_type=model_type, **configs))
 
 
+GEMMA4 = checkpoint("gemma4", vision="gemma4_vision", audio="gemma4_audio")
+EMBEDDINGGEMMA2 = checkpoint("embedding_gemma2", vision="gemma4_vision", audio="gemma4_audio")
+
+
 def resolve(modality: str, ckpt, **options):
     return registry.resolve(RunConfig(modality=modality, **options), ckpt)
 
@@ -26,44 +30,58 @@ def resolve(modality: str, ckpt, **options):
 def test_each_family_is_found_by_its_model_type():
     for family in registry.families():
         for model_type in family.model_types:
-            assert registry.find_family(SimpleNamespace(model_type=model_type)) is family
+            config = SimpleNamespace(model_type=model_type, use_bidirectional_attention=True)
+            assert registry.find_family(config) is family
     assert registry.find_family(SimpleNamespace(model_type="llama")) is None
+    # EmbeddingGemma is a bidirectional gemma3_text; a causal one (Gemma 3 1B) is a language model.
+    assert registry.find_family(SimpleNamespace(model_type="gemma3_text")) is None
 
 
 def test_auto_space_is_the_familys_first():
-    assert str(resolve("images", checkpoint("gemma4")).space) == "language"
-    assert str(resolve("images", checkpoint("embedding_gemma2")).space) == "retrieval"
-    assert str(resolve("text", checkpoint("embedding_gemma2")).space) == "retrieval"
+    assert str(resolve("images", GEMMA4).space) == "language"
+    assert str(resolve("images", EMBEDDINGGEMMA2).space) == "retrieval"
+    assert str(resolve("text", EMBEDDINGGEMMA2).space) == "retrieval"
 
 
 def test_an_unsupported_tower_names_what_would_run():
-    ckpt = checkpoint("gemma3n", vision="gemma3n_vision", audio="gemma3n_audio")
+    assert resolve("images", checkpoint("gemma3n", vision="gemma3n_vision", audio="gemma3n_audio"))
+    assert resolve("video", checkpoint("gemma3", vision="siglip_vision_model"))
+    ckpt = checkpoint("gemma3n", vision="mystery_vision", audio="gemma3n_audio")
     with pytest.raises(CheckpointError) as caught:
         resolve("images", ckpt)
     assert str(caught.value) == (
         "ckpt/: images need a vision tower of type gemma4_vision (Gemma 4 and EmbeddingGemma 2 checkpoints); "
-        "this gemma3n checkpoint's is gemma3n_vision, which is not supported"
+        "siglip_vision_model (Gemma 3 checkpoints); gemma3n_vision (Gemma 3n checkpoints); "
+        "this gemma3n checkpoint's is mystery_vision, which is not supported"
     )
+    assert resolve("audio", ckpt)  # its audio tower is still the one Gemma 3n runs
     with pytest.raises(CheckpointError, match="this llama checkpoint has no audio tower"):
         resolve("audio", checkpoint("llama"))
 
 
 def test_retrieval_needs_a_retrieval_family():
-    with pytest.raises(CheckpointError, match="text to retrieval vectors need an EmbeddingGemma 2 checkpoint"):
+    with pytest.raises(CheckpointError) as caught:
         resolve("text", checkpoint("gemma3_text"))
+    assert str(caught.value) == (
+        "ckpt/: text to retrieval vectors need an EmbeddingGemma or EmbeddingGemma 2 checkpoint (model type "
+        "gemma3_text with use_bidirectional_attention; embedding_gemma2); this one is gemma3_text, not "
+        "gemma3_text with use_bidirectional_attention"
+    )
+    with pytest.raises(CheckpointError, match="text to retrieval vectors need an EmbeddingGemma or"):
+        resolve("text", GEMMA4)
     with pytest.raises(UsageError, match="text has no tower rows"):
-        resolve("text", checkpoint("embedding_gemma2"), space="language")
+        resolve("text", EMBEDDINGGEMMA2, space="language")
 
 
 def test_pools_and_retrieval_options_are_checked_by_the_family():
     with pytest.raises(UsageError, match="--pool frame does not apply to images"):
-        resolve("images", checkpoint("gemma4"), pool="frame")
-    assert resolve("video", checkpoint("gemma4"), pool="frame")
+        resolve("images", GEMMA4, pool="frame")
+    assert resolve("video", GEMMA4, pool="frame")
     with pytest.raises(UsageError, match="--pool frame does not apply to video"):  # one vector per video
-        resolve("video", checkpoint("embedding_gemma2"), pool="frame")
-    assert resolve("video", checkpoint("embedding_gemma2"), pool="frame", space="language")
+        resolve("video", EMBEDDINGGEMMA2, pool="frame")
+    assert resolve("video", EMBEDDINGGEMMA2, pool="frame", space="language")
     with pytest.raises(UsageError, match="--dim, --prompt and --prompt-name apply"):
-        resolve("images", checkpoint("gemma4"), prompt_name="query")
+        resolve("images", GEMMA4, prompt_name="query")
 
 
 def test_the_readme_table_is_the_registrys():
