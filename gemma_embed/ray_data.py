@@ -466,15 +466,23 @@ class RayEmbedder:
         """Every source through the cluster (decode tasks, then the encode actors); `sink` gets each item as it
         comes back, once (a batch Ray retried after an actor died comes back once)."""
         ray = self.ray
-        by_position, rows = {}, []
+        import pandas as pd
+
+        # The sources go to the object store a block at a time: this process holds one block's bytes (tar members,
+        # parquet cells) at most, the store the rest (spilling to disk), until the decode tasks take them.
+        by_position, rows, blocks = {}, [], []
         for source in sources:
             by_position[source.position] = dataclasses.replace(source, data=None, value=None)
-            rows.append({SOURCE_COLUMN: source})
+            rows.append(source)
+            if len(rows) == DECODE_BATCH:
+                blocks.append(ray.put(pd.DataFrame({SOURCE_COLUMN: _objects(rows)})))
+                rows = []
+        if rows:
+            blocks.append(ray.put(pd.DataFrame({SOURCE_COLUMN: _objects(rows)})))
         route = self.load(modality)
-        if not rows:
+        if not blocks:
             return route
-        ds = ray.data.from_items(rows, override_num_blocks=-(-len(rows) // DECODE_BATCH))
-        rows.clear()
+        ds = ray.data.from_pandas_refs(blocks)
         if getattr(ds, "context", None) is not None:  # this job's own copy of the settings
             ds.context.enable_progress_bars = False
         out = embed_dataset(
