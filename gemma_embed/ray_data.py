@@ -368,11 +368,9 @@ def _check_same(expected: dict, found: dict) -> None:
 
 
 def _probe(config: RunConfig) -> dict | GemmaEmbedError:
-    """Run once per job, with the encode actors' resources; the worker it ran in is then ready to decode."""
+    """What the encode actors will compute (`_describe`), from configs alone: no weight is read."""
     try:
-        described = _describe(Embedder.from_config(dataclasses.replace(config, ray=None)), config)
-        _decode_stages(config)
-        return described
+        return _describe(Embedder.from_config(dataclasses.replace(config, ray=None)), config)
     except GemmaEmbedError as exc:  # back to the driver as a value: its own one line
         return exc
 
@@ -425,8 +423,10 @@ class RayEmbedder:
         gpus = int(resources.get("GPU", 0))
         self.num_gpus = 1 if gpus and config.device != "cpu" else 0
         self.actors = max(1, gpus) if self.num_gpus else 1
-        probe = self.ray.remote(_probe).options(num_gpus=self.num_gpus, num_cpus=1)
-        described = self.ray.get(probe.remote(config))
+        if self.num_gpus:  # what a GPU actor computes: asked of a task with its resources
+            described = self.ray.get(self.ray.remote(_probe).options(num_gpus=self.num_gpus).remote(config))
+        else:  # CPU actors compute as this machine would (an actor that would not refuses to start: _check_same)
+            described = _probe(config)
         if isinstance(described, GemmaEmbedError):
             raise described
         self.described = described
