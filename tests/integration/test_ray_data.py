@@ -212,3 +212,32 @@ def test_without_ray_the_option_is_one_error_line_naming_the_extra(tmp_path):
     assert lines[0].startswith("error:") and "pip install 'gemma-embed[ray]'" in lines[0]
     assert proc.stdout.split()[-1] == "2"
     assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------ the map_batches stages
+
+
+def test_the_stages_turn_a_column_of_bytes_into_embedding_rows_with_keys_and_errors():
+    """`decode_batch` then `Embed` on a batch of a user's rows (no cluster: the functions map_batches calls): each
+    row's embedding is `Embedder.embed`'s rows for those bytes, bit for bit; a row that is no image is an error."""
+    import numpy as np
+
+    from gemma_embed.ray_data import decode_batch
+
+    names = ["tall.png", "square.webp"]
+    cells = [(MEDIA / "images" / n).read_bytes() for n in names] + [b"not an image"]
+    batch = {"image": np.array(cells, dtype=object), "id": np.array([*names, "bad"], dtype=object)}
+    config = RunConfig(model=str(GEMMA4), modality="images")
+    decoded = decode_batch(batch, config, column="image", key_column="id")
+    embed = Embed(config=config)  # what each actor holds
+    table = embed(decoded)
+    assert table.column("key").to_pylist() == [*names, "bad"]
+    expected = embed.embedder.embed(cells[:2], modality="images")  # the library's in-memory path, same model
+    for index, rows in enumerate(expected):
+        got = np.array(table.column("embedding")[index].as_py(), dtype=np.float32)  # a list of vectors
+        assert got.shape == tuple(rows.shape) and np.array_equal(got.view(np.int32), rows.numpy().view(np.int32))
+        assert json.loads(table.column("meta")[index].as_py())["width"] > 0
+    assert table.column("embedding")[2].as_py() is None
+    error = json.loads(table.column("error")[2].as_py())
+    assert error["key"] == "bad" and error["stage"] == "decode"
+    assert table.column("error").null_count == 2
