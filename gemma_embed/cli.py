@@ -482,6 +482,37 @@ def main_options(
     """gemma-embed: Gemma encoder-tower embeddings for large piles of media."""
 
 
+def optional_values(args: list[str]) -> list[str]:
+    """An option whose value may be left out (`--ray [ADDRESS]`, `Option.flag_value`), given bare, is spelled
+    `--ray=default` for the parser (Typer's click has no optional values). It is bare when nothing follows it or
+    what follows is no value it takes (a path, another option): `gemma-embed images --ray photos/` works."""
+    specs = {}
+    for f in dataclasses.fields(RunConfig):
+        spec = option_of(f)
+        if spec is not None and spec.flag_value is not None:
+            specs[spec.long or "--" + f.name.replace("_", "-")] = spec
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg == "--":
+            break
+        spec = specs.get(arg)
+        if spec is None:
+            continue
+        following = out[i + 1] if i + 1 < len(out) else None
+        if following is None or following.startswith("-") or not _takes(spec, following):
+            out[i] = f"{arg}={spec.flag_value}"
+    return out
+
+
+def _takes(spec, value: str) -> bool:
+    try:
+        if spec.check is not None:
+            spec.check(value)
+    except ValueError:
+        return False
+    return True
+
+
 def main() -> None:
     """The console script: usage errors are one `error:` line and exit 2, like every other error here."""
     try:  # Typer >= 0.24 carries its own copy of click
@@ -490,7 +521,7 @@ def main() -> None:
         from click import exceptions
 
     try:
-        code = app(standalone_mode=False)
+        code = app(args=optional_values(sys.argv[1:]), standalone_mode=False)
     except exceptions.NoArgsIsHelpError as exc:
         print(exc.ctx.get_help())
         code = 0

@@ -242,6 +242,8 @@ class Option:
     metavar: str | None = None
     # (command, help) where one command's help differs (--pool: only video has frames).
     help_by_command: tuple[tuple[str, str], ...] = ()
+    # An option whose value may be left out (--ray [ADDRESS]): the value it takes then.
+    flag_value: str | None = None
 
     def help_for(self, command: str) -> str:
         return dict(self.help_by_command).get(command, self.help)
@@ -308,6 +310,18 @@ DEVICE_FORM = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 def device_name(value: str) -> None:
     if not DEVICE_FORM.match(value):
         raise ValueError(f"{value!r}: use auto, cpu, cuda, cuda:N or mps")
+
+
+# How `--ray` alone is stored: ray.init() with no address (RAY_ADDRESS, the cluster `ray start` began here, else a new
+# local one).
+RAY_DEFAULT = "default"
+RAY_ADDRESS = re.compile(r"^(auto|local|default|(ray|https?)://\S+|[\w.-]+:\d+)$")
+
+
+def ray_address(value: str | None) -> None:
+    """--ray's value: auto, local, HOST:PORT or ray://HOST:PORT (a bare --ray is `default`: ray.init() chooses)."""
+    if value is not None and not RAY_ADDRESS.match(value):
+        raise ValueError(f"{value!r} is no Ray address (auto, local, HOST:PORT, ray://HOST:PORT)")
 
 
 def parse_batch_size(text: str | int | None) -> int | None:
@@ -533,6 +547,15 @@ class RunConfig:
         aliases=("--shard-index",),
         check=at_least(0),
         metavar="I",
+    )
+    ray: str | None = option(
+        None,
+        "Run as a Ray Data job (bare: the cluster Ray finds, else a local one).",
+        commands=EMBED,
+        panel=PERFORMANCE,
+        check=ray_address,
+        flag_value=RAY_DEFAULT,
+        metavar="[ADDRESS]",
     )
     # Robustness ------------------------------------------------------------------------------------------
     on_error: OnError = option(

@@ -216,9 +216,6 @@ class Embedder:
         """Every source through decode, prepare and the command's chain of stages; `sink` gets each item as it
         finishes (reused by `lookup`, failed, or its pooled rows), in completion order. Returns the route (its
         engines' chunking, backoffs and peaks)."""
-        from gemma_embed.engine import encode_chain
-        from gemma_embed.pooling import pool_rows
-
         route = self.load(modality, **options)
         stages, pool = route.stages, Pool(options.get("pool", self.config.pool))
         window = max(1, min(stages.window_items or WINDOW_ITEMS, window_items or WINDOW_ITEMS))
@@ -233,33 +230,42 @@ class Embedder:
             enough_work=lambda units, work: pacer.enough_work(units, work, WINDOW_SECONDS),
             host_budget=route.host.decode,
         )
-        engines = route.engines
-        feeds = [stage.feed for stage in stages.chain]
         for batch in windows:
             if self.should_stop is not None:
                 self.should_stop()
-            to_encode = []
-            for p in batch:
-                if p.reuse is not None:
-                    sink.reused(p)
-                elif p.error is not None:
-                    sink.failed(p.error)
-                else:
-                    to_encode.append(p)
-
-            def finished(index: int, rows, to_encode=to_encode) -> None:
-                p = to_encode[index]
-                if isinstance(rows, ItemError):
-                    sink.failed(rows, p.warnings)
-                else:
-                    sink.done(p, pool_rows(rows, pool, p.item.rows_per_unit))
-
-            encode_chain(engines, feeds, [p.item for p in to_encode], [p.source.key for p in to_encode], finished)
+            self.encode_window(route, batch, sink, pool)
             # Let this window's prepared tensors go now: the loop variable would hold them while the next
             # window decodes (measured: ~150 MB of pixels at a 100-item window of 70-token images).
             batch.clear()
-            to_encode.clear()
         return route
+
+    def encode_window(self, route: Route, batch: list[Prepared], sink: Sink, pool: Pool | str | None = None) -> None:
+        """One window of decoded items through the route's chain of stages (batched together at every stage) and
+        pooling; `sink` gets each item: reused, failed (at decode or at any stage) or its pooled rows. The
+        streaming loop above runs it per window, a Ray actor (ray_data.py) per batch it is given."""
+        from gemma_embed.engine import encode_chain
+        from gemma_embed.pooling import pool_rows
+
+        pool = Pool(pool if pool is not None else self.config.pool)
+        to_encode = []
+        for p in batch:
+            if p.reuse is not None:
+                sink.reused(p)
+            elif p.error is not None:
+                sink.failed(p.error)
+            else:
+                to_encode.append(p)
+
+        def finished(index: int, rows) -> None:
+            p = to_encode[index]
+            if isinstance(rows, ItemError):
+                sink.failed(rows, p.warnings)
+            else:
+                sink.done(p, pool_rows(rows, pool, p.item.rows_per_unit))
+
+        feeds = [stage.feed for stage in route.stages.chain]
+        encode_chain(route.engines, feeds, [p.item for p in to_encode], [p.source.key for p in to_encode], finished)
+        to_encode.clear()
 
     # ------------------------------------------------------------------------------------------ in memory
     def embed(self, inputs: Sequence[Any], modality: str | Modality | None = None, **options: Any) -> list:

@@ -43,6 +43,10 @@ class ItemError(GemmaEmbedError):
         self.warnings: list[str] = []  # what libraries said while this item was decoded (capture.py)
         super().__init__(f"{key}: {self.message}")
 
+    def __reduce__(self):
+        """Pickled whole (a Ray run's decoded rows carry their failures to the encode actors and the driver)."""
+        return (type(self), (self.key, self.stage, self.message, self.error_type, self.traceback_text), self.__dict__)
+
     @classmethod
     def wrap(cls, key: str, stage: str, exc: BaseException) -> ItemError:
         if isinstance(exc, ItemError):

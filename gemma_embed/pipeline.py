@@ -71,6 +71,12 @@ def _run(config: RunConfig, reporter: Reporter | None, stdin, own_process: bool)
     if config.prune and not config.resume:
         raise UsageError("--prune goes with --resume (it drops items of the existing output)")
     part = distributed.current_slice(config.num_slices, config.slice_index)
+    if config.ray is not None:  # before anything is read: Ray is there, and the input is not split otherwise
+        from gemma_embed.ray_data import require_ray
+
+        require_ray()
+        if part.is_split:
+            raise UsageError("--ray runs the whole input as one Ray job: leave out --num-slices (and torchrun)")
     output = part.output(config.output)
     store.check_output_path(output, config.overwrite, config.resume)
     if part.is_split:
@@ -85,7 +91,7 @@ def _run(config: RunConfig, reporter: Reporter | None, stdin, own_process: bool)
             if part.is_split:
                 distributed.begin_slice(config.output, part)
             waiting = "loading the model"
-            embedder = Embedder.from_config(config, reporter, stop.check, part.local_rank)
+            embedder = _embedder_class(config).from_config(config, reporter, stop.check, part.local_rank)
             route = embedder.load(config.modality)  # every usage error first, from configs; then the weights
         except Interrupted as interrupted:
             reporter.note(f"interrupted while {waiting}; nothing to save")
@@ -120,7 +126,7 @@ def _run(config: RunConfig, reporter: Reporter | None, stdin, own_process: bool)
                     sources,
                     config.modality,
                     _Finisher(config, writer, reporter, result),
-                    lookup=writer.find_reusable if config.resume else None,
+                    lookup=writer.reuse_index if config.resume else None,
                     window_items=config.flush_every,
                 )
             except _StopAtFirstFailure:
@@ -129,6 +135,15 @@ def _run(config: RunConfig, reporter: Reporter | None, stdin, own_process: bool)
             except (Interrupted, DeviceError) as stopped:
                 ending = stopped
     return _finish(config, part, writer, route, result, reporter, skipped, captured, ending)
+
+
+def _embedder_class(config: RunConfig) -> type:
+    """Where the work runs: here (`Embedder`), or on a Ray cluster (`ray_data.RayEmbedder`, the same interface)."""
+    if config.ray is None:
+        return Embedder
+    from gemma_embed.ray_data import RayEmbedder
+
+    return RayEmbedder
 
 
 def _finish(config, part, writer, route, result, reporter, skipped, captured, ending) -> RunResult:

@@ -65,6 +65,25 @@ class Saved:
     meta: dict
 
 
+@dataclass(frozen=True)
+class ReuseIndex:
+    """Which saved key an item's content can take its rows from (`EmbeddingWriter.find_reusable`). It reads the
+    writer's own tables, so it sees items saved later in the run; pickled, it carries only each key's hash."""
+
+    saved: dict[str, Saved]
+    by_content: dict[str, str]
+
+    def __call__(self, key: str, sha256: str) -> str | None:
+        entry = self.saved.get(key)
+        if entry is not None and entry.meta.get("sha256") == sha256:
+            return key
+        return self.by_content.get(sha256)
+
+    def __reduce__(self) -> tuple:
+        hashes = {k: Saved(s.file, s.position, {"sha256": s.meta.get("sha256")}) for k, s in self.saved.items()}
+        return (ReuseIndex, (hashes, dict(self.by_content)))
+
+
 class EmbeddingWriter:
     def __init__(
         self,
@@ -141,10 +160,13 @@ class EmbeddingWriter:
     def find_reusable(self, key: str, sha256: str) -> str | None:
         """The key whose saved rows this content already has: the same key when it is unchanged, else any key
         with the same content hash; None when the item must be computed."""
-        entry = self.saved.get(key)
-        if entry is not None and entry.meta.get("sha256") == sha256:
-            return key
-        return self.by_content.get(sha256)
+        return self.reuse_index(key, sha256)
+
+    @property
+    def reuse_index(self) -> ReuseIndex:
+        """`find_reusable` as a value (the pipeline's --resume lookup): live in this process, a snapshot of
+        what is saved now when pickled (a Ray run's decode tasks get it)."""
+        return ReuseIndex(self.saved, self.by_content)
 
     def reuse(self, key: str, position: int, source_key: str, facts: dict) -> None:
         """This run's item `key` takes the saved rows of `source_key` (same content); its file facts (path,

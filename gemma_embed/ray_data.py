@@ -1,0 +1,549 @@
+"""Ray Data: the same run on a Ray cluster (the optional `[ray]` extra; `import gemma_embed` never imports ray).
+
+    rows (bytes, paths or text in a column)
+      -> map_batches(decode_batch)           CPU tasks: the tool's decoders and preparers (decode_and_prepare)
+      -> map_batches(Embed, concurrency=N)   actors, one Embedder each: buckets, memory plan, OOM back-off, pooling
+      -> rows with `embedding`, `key`, `meta` (JSON), `error` (JSON; null when it worked)
+
+From Python, on a dataset of your own:
+
+    import ray
+    from gemma_embed.ray_data import embed_dataset
+
+    ds = ray.data.read_parquet("s3://bucket/images/")               # a column `image` of bytes (or paths)
+    out = embed_dataset(ds, "google/gemma-4-e2b-it", "images", column="image", key_column="id",
+                        concurrency=4, num_gpus=1)                     # an actor per GPU
+    out.write_parquet("s3://bucket/embeddings/")
+
+`embedding` is the item's rows (a list of vectors) or, where every item is one vector (pooled, retrieval), that
+vector. A row that cannot be decoded or encoded comes back with its `error` record, never as an exception that
+ends the job; Ray restarts an actor that dies and retries its batch (`max_restarts`, `max_task_retries`).
+
+The command line's `--ray [ADDRESS]` is `RayEmbedder`: the pipeline (pipeline.py) finds the sources, holds the
+one writer and reports, as in any run; the decode and the encode run on the cluster, and each finished item comes
+back to the driver, which writes the tool's own output (parts, --resume by content hash, input order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from gemma_embed.config import RAY_DEFAULT, Modality, Pool, RunConfig, Space
+from gemma_embed.decoding import WINDOW_ITEMS, Prepared, decode_and_prepare
+from gemma_embed.embedder import Embedder, Route, Sink
+from gemma_embed.errors import DeviceError, GemmaEmbedError, ItemError, UsageError
+from gemma_embed.interrupts import Interrupted
+from gemma_embed.models.base import PreparedItem
+from gemma_embed.sources.base import Source
+
+EXTRA = "pip install 'gemma-embed[ray]'"
+# Items per decode task: small, so decoding spreads over the cluster's CPUs and the first items leave early.
+DECODE_BATCH = 16
+# Columns of Python objects between the stages (Ray serializes them itself, between its own processes).
+SOURCE_COLUMN = "__gemma_embed_source"  # the pipeline's rows: a Source each
+PREPARED_COLUMN = "__gemma_embed_prepared"  # decoded and prepared, for the encode actors
+
+
+def require_ray():
+    """The ray module, or one UsageError naming the extra."""
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError:
+        raise UsageError(f"--ray needs Ray Data, which is not installed: {EXTRA}") from None
+    return ray
+
+
+# ---------------------------------------------------------------------------------------------- decode (CPU)
+
+_STAGES: dict[str, Any] = {}  # per worker process: the command's decode and prepare stages, by config
+
+
+def _decode_stages(config: RunConfig):
+    """The command's stages for decoding: the checkpoint's processor files only, no tensor read, on the CPU
+    whatever device the encode actors use (preparers do not depend on it)."""
+    key = repr(config)  # a frozen dataclass of plain values: its repr is its identity
+    if key not in _STAGES:
+        decode_only = dataclasses.replace(config, device="cpu", ray=None)
+        _STAGES[key] = Embedder.from_config(decode_only).route(config.modality).stages
+    return _STAGES[key]
+
+
+def decode_batch(
+    batch,
+    config: RunConfig,
+    column: str | None = None,
+    key_column: str | None = None,
+    lookup: Callable[[str, str], str | None] | None = None,
+):
+    """`map_batches` function (batch_format="numpy"): every row decoded and prepared by the command's own
+    decoders (`decode_and_prepare`). A row is the pipeline's Source, or a cell of `column`: bytes, a file path,
+    or (text) a string; its key is `key_column`'s value, else the path, else `sha256:` of its content. Out: the
+    key, the position and the prepared item; a failure is the prepared item's error."""
+    import numpy as np
+
+    stages = _decode_stages(config)
+    keys, positions, prepared = [], [], []
+    for source in _sources(batch, config.modality, column, key_column):
+        p = decode_and_prepare(stages, source, lookup)
+        p.source = dataclasses.replace(source, data=None, value=None)  # its bytes stay here
+        _compact(p)
+        keys.append(_safe_key(source.key))
+        positions.append(source.position)
+        prepared.append(p)
+    return {
+        "key": np.array(keys, dtype=object),
+        "position": np.array(positions, np.int64),
+        PREPARED_COLUMN: _objects(prepared),
+    }
+
+
+def _objects(values: list):
+    """A numpy column of Python objects (Ray Data stores it as such), never unpacked into an array of arrays."""
+    import numpy as np
+
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
+
+
+def _compact(prepared: Prepared) -> None:
+    """Each prepared tensor on its own storage. A unit's tensor is often a view of one array for the whole item
+    (a video's frames), and pickle writes a view's whole storage: 32 frames would carry 32 copies of them all."""
+    if prepared.item is None:
+        return
+    for unit in prepared.item.units:
+        for name, value in unit.inputs.items():
+            storage = getattr(value, "untyped_storage", None)
+            if storage is not None and storage().nbytes() > value.nbytes:
+                unit.inputs[name] = value.clone()
+
+
+def _sources(batch, modality: Modality, column: str | None, key_column: str | None) -> Iterator[Source]:
+    names = list(batch)
+    if SOURCE_COLUMN in names:
+        yield from batch[SOURCE_COLUMN]
+        return
+    if column is None or column not in names:
+        raise UsageError(f"column={column!r}: the dataset's columns are {', '.join(names)}")
+    values = batch[column].tolist()
+    keys = batch[key_column].tolist() if key_column is not None else [None] * len(values)
+    for value, key in zip(values, keys, strict=True):
+        if isinstance(value, dict):  # datasets' Image/Audio/Video struct: bytes, else its path
+            value = value.get("bytes") or value.get("path")
+        if isinstance(value, str) and modality == Modality.text:
+            value = value.encode("utf-8")
+            yield Source(str(key) if key is not None else _content_key(value), "text", position=-1, data=value)
+        elif isinstance(value, str):
+            yield Source(str(key) if key is not None else value, value, position=-1)
+        elif isinstance(value, (bytes, bytearray)):
+            data = bytes(value)
+            name = str(key) if key is not None else _content_key(data)
+            yield Source(name, name, position=-1, data=data)
+        else:
+            name = str(key) if key is not None else "row"
+            yield Source(name, name, error=f"{column}: no bytes, path or text in this row ({type(value).__name__})")
+
+
+def _content_key(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()[:16]
+
+
+def _safe_key(key: str) -> str:
+    """The key as Arrow text: itself, or escaped reversibly when it is not UTF-8 (a file name's bytes)."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        from gemma_embed.export import escape_name
+
+        return escape_name(key)
+    return key
+
+
+# ---------------------------------------------------------------------------------------------- encode (actor)
+
+
+class Embed:
+    """`map_batches` callable class (batch_format="numpy"): one `Embedder` per actor, the command's towers
+    loaded once; each batch of prepared rows (from `decode_batch`) goes through the tool's engine as one window.
+
+    Out, per row: `key`, `position`, `embedding` (list<list<float32>>: the rows; list<float32> where each item is
+    one vector), `rows`, `meta` (the item's metadata as JSON), `warnings`, `error` (the failure record as JSON,
+    else null) and `reused_from` (--resume: the saved key whose rows it takes). Rows cross to Arrow as float32
+    (exact for every compute dtype); the store converts them to the output dtype as it does in any run.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        modality: str | Modality = Modality.images,
+        config: RunConfig | None = None,
+        expect: dict | None = None,
+        **options: Any,
+    ):
+        if config is None:
+            config = RunConfig(model=str(model), modality=Modality(modality), **options)
+        self.config = dataclasses.replace(config, ray=None)
+        self.embedder = Embedder.from_config(self.config)
+        if expect is not None:
+            _check_same(expect, _describe(self.embedder, self.config))
+        self.route = self.embedder.load(self.config.modality)
+        self.one_vector = one_vector_per_item(self.route, self.config.pool)
+
+    def __call__(self, batch):
+        prepared = list(batch[PREPARED_COLUMN])
+        rows = _Rows(prepared)
+        self.embedder.encode_window(self.route, prepared, rows, self.config.pool)
+        return rows.table(self.one_vector)
+
+
+def one_vector_per_item(route: Route, pool: Pool | str) -> bool:
+    return route.stages.space == Space.retrieval or Pool(pool) == Pool.mean
+
+
+class _Rows(Sink):
+    """The actor's sink: one output row per prepared row, in the batch's order."""
+
+    def __init__(self, prepared: list[Prepared]):
+        self.prepared = prepared
+        self.records: list[dict | None] = [None] * len(prepared)
+        self.slots: dict[str, deque] = defaultdict(deque)
+        for index, p in enumerate(prepared):
+            self.slots[p.source.key].append(index)
+
+    def _put(self, key: str, **record: Any) -> None:
+        self.records[self.slots[key].popleft()] = record
+
+    def reused(self, prepared: Prepared) -> None:
+        self._put(prepared.source.key, reused_from=json.dumps(prepared.reuse), meta=json.dumps(prepared.facts))
+
+    def failed(self, error: ItemError, warnings: list[str] | None = None) -> None:
+        error.warnings = error.warnings or list(warnings or [])
+        record = {**error.as_record(), "traceback": error.traceback_text}
+        self._put(error.key, error=json.dumps(record), warnings=list(error.warnings))
+
+    def done(self, prepared: Prepared, rows) -> None:
+        matrix = rows.detach().to("cpu").float().contiguous().numpy()
+        self._put(prepared.source.key, rows=matrix, meta=json.dumps(prepared.item.meta), warnings=prepared.warnings)
+
+    def table(self, one_vector: bool):
+        import numpy as np
+        import pyarrow as pa
+
+        vectors, null, outer, inner, flat = [], [], [0], [0], []
+        for record in self.records:
+            matrix = (record or {}).get("rows")
+            null.append(matrix is None)
+            if matrix is not None:
+                flat.append(matrix.reshape(-1))
+                if one_vector:
+                    outer.append(outer[-1] + matrix.size)
+                else:
+                    for _ in range(matrix.shape[0]):
+                        inner.append(inner[-1] + matrix.shape[1])
+                    outer.append(outer[-1] + matrix.shape[0])
+            else:
+                outer.append(outer[-1])
+            vectors.append(0 if matrix is None else int(matrix.shape[0]))
+        values = pa.array(np.concatenate(flat) if flat else np.zeros(0, np.float32), pa.float32())
+        if not one_vector:
+            values = pa.ListArray.from_arrays(pa.array(inner, pa.int32()), values)
+        mask = pa.array(null, pa.bool_())
+        embedding = pa.ListArray.from_arrays(pa.array(outer, pa.int32()), values, mask=mask)
+        records = [r or {} for r in self.records]
+        return pa.table(
+            {
+                "key": pa.array([_safe_key(p.source.key) for p in self.prepared], pa.string()),
+                "position": pa.array([p.source.position for p in self.prepared], pa.int64()),
+                "embedding": embedding,
+                "rows": pa.array(vectors, pa.int64()),
+                "meta": pa.array([r.get("meta") for r in records], pa.string()),
+                "warnings": pa.array([list(r.get("warnings") or []) for r in records], pa.list_(pa.string())),
+                "error": pa.array([r.get("error") for r in records], pa.string()),
+                "reused_from": pa.array([r.get("reused_from") for r in records], pa.string()),
+            }
+        )
+
+
+# ---------------------------------------------------------------------------------------------- a dataset
+
+
+def embed_dataset(
+    ds,
+    model: str | None = None,
+    modality: str | Modality = Modality.images,
+    column: str | None = None,
+    key_column: str | None = None,
+    concurrency: int = 1,
+    num_gpus: float = 0,
+    num_cpus: float = 1,
+    batch_size: int | None = None,
+    config: RunConfig | None = None,
+    lookup: Callable[[str, str], str | None] | None = None,
+    expect: dict | None = None,
+    embed_class: type = Embed,
+    actor_options: dict | None = None,
+    decode_retries: int = 3,
+    **options: Any,
+):
+    """`ds` decoded on the CPUs (tasks) and embedded by `concurrency` actors of `embed_class`, each with
+    `num_gpus`/`num_cpus` (Ray's own options); `options` are the command line's (RunConfig fields: `pool`, `dim`,
+    `prompt_name`, `memory_budget`, ...). Returns the lazy dataset of `Embed`'s rows.
+
+    An actor that dies (a node lost, a process killed) is restarted and its batch retried: Ray Data's defaults
+    are `max_restarts=-1` and `max_task_retries=-1` (no limit); `actor_options` (Ray's remote options for the
+    actors) changes them. A decode task whose worker dies is retried `decode_retries` times. Items that fail are
+    rows with an `error`; no item's failure is an exception here."""
+    if config is None:
+        config = RunConfig(model=str(model), modality=Modality(modality), **options)
+    try:
+        config.check()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    import warnings
+
+    from ray.data import ActorPoolStrategy
+
+    window = batch_size or WINDOW_ITEMS
+    with warnings.catch_warnings():
+        # Ray 2.60 deprecates per-stage remote options (removed in 2.64: pyproject's range stops before it). The
+        # decode tasks' own retry count is one, and it keeps the stages apart: Ray fuses a task stage into the
+        # next actor stage when their options agree, and decoding would then run inside the actors.
+        warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated")
+        decoded = ds.map_batches(
+            decode_batch,
+            batch_format="numpy",
+            batch_size=DECODE_BATCH,
+            num_cpus=1,
+            max_retries=decode_retries,
+            fn_kwargs={"config": config, "column": column, "key_column": key_column, "lookup": lookup},
+        )
+        return decoded.map_batches(
+            embed_class,
+            batch_format="numpy",
+            batch_size=window,
+            compute=ActorPoolStrategy(size=concurrency),
+            num_gpus=num_gpus,
+            num_cpus=num_cpus,
+            fn_constructor_kwargs={"config": config, "expect": expect},
+            **(actor_options or {}),
+        )
+
+
+# ---------------------------------------------------------------------------------------------- the pipeline's
+
+
+def _describe(embedder: Embedder, config: RunConfig) -> dict:
+    """What the output's header says about the encoders (pipeline._header reads these), as an actor with the
+    encode's resources sees them: device, compute dtype and why, the stages' space, width and preprocessing."""
+    stages = embedder.route(config.modality).stages
+    return {
+        "device": str(embedder.device),
+        "device_type": embedder.device.type,
+        "dtype_choice": embedder.dtype_choice,
+        "dtype": embedder.dtype_choice.name,
+        "model_type": embedder.model_type,
+        "space": stages.space,
+        "width": stages.width,
+        "preprocessing": stages.preparer.describe(),
+        "one_vector": one_vector_per_item(embedder.route(config.modality), config.pool),
+    }
+
+
+def _check_same(expected: dict, found: dict) -> None:
+    """An actor computes what the header says, or it refuses to start (a cluster of mixed machines with
+    --dtype auto: choose the dtype)."""
+    for name in ("device_type", "dtype", "width"):
+        if expected[name] != found[name]:
+            raise UsageError(
+                f"a Ray actor would compute with {name} {found[name]}, the output says {expected[name]}: "
+                f"give --device and --dtype explicitly on a cluster of mixed machines"
+            )
+
+
+def _probe(config: RunConfig) -> dict | GemmaEmbedError:
+    """What the encode actors will compute (`_describe`), from configs alone: no weight is read."""
+    try:
+        return _describe(Embedder.from_config(dataclasses.replace(config, ray=None)), config)
+    except GemmaEmbedError as exc:  # back to the driver as a value: its own one line
+        return exc
+
+
+@dataclass(frozen=True)
+class _Preparer:
+    description: dict
+
+    def describe(self) -> dict:
+        return self.description
+
+
+@dataclass(frozen=True)
+class _StagesSeen:
+    """The stages as the driver knows them (from an actor's view): what the output's header needs."""
+
+    space: Space
+    width: int
+    preparer: _Preparer
+
+
+@dataclass
+class _RayRoute:
+    stages: _StagesSeen
+    actors: int
+    engines: tuple = ()  # none here: the actors' engines (peaks, back-offs) stay on the cluster
+
+    def chunking(self, batch_size: int | None) -> dict:
+        return {"ray": {"actors": self.actors, "batch_size": batch_size or "auto (per actor)"}}
+
+
+class ClusterError(DeviceError):
+    """The Ray job failed as a whole (an actor that cannot start, retries used up): the run stops, the items
+    that came back are saved, --resume finishes."""
+
+
+class RayEmbedder:
+    """The pipeline's Embedder for `--ray`: the same interface (`load`, `embed_stream`, dtype and device for the
+    header), the work on the cluster."""
+
+    embed_class: type = Embed  # the encode actors' class
+
+    def __init__(self, config: RunConfig, reporter=None, should_stop=None):
+        self.ray = require_ray()
+        self.config = config
+        self.reporter = reporter
+        self.should_stop = should_stop
+        self._connect()
+        resources = self.ray.cluster_resources()
+        gpus = int(resources.get("GPU", 0))
+        self.num_gpus = 1 if gpus and config.device != "cpu" else 0
+        self.actors = max(1, gpus) if self.num_gpus else 1
+        if self.num_gpus:  # what a GPU actor computes: asked of a task with its resources
+            described = self.ray.get(self.ray.remote(_probe).options(num_gpus=self.num_gpus).remote(config))
+        else:  # CPU actors compute as this machine would (an actor that would not refuses to start: _check_same)
+            described = _probe(config)
+        if isinstance(described, GemmaEmbedError):
+            raise described
+        self.described = described
+        self.device = described["device"]
+        self.dtype_choice = described["dtype_choice"]
+        self.model_type = described["model_type"]
+
+    @classmethod
+    def from_config(cls, config: RunConfig, reporter=None, should_stop=None, local_rank: int = 0) -> RayEmbedder:
+        return cls(config, reporter, should_stop)
+
+    def _connect(self) -> None:
+        ray = self.ray
+        if ray.is_initialized():  # a caller's own session (a test's local cluster, a notebook)
+            return
+        address = None if self.config.ray in (None, RAY_DEFAULT) else self.config.ray
+        try:
+            ray.init(address=address, log_to_driver=False, include_dashboard=False, configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise UsageError(
+                f"--ray {self.config.ray}: cannot reach a Ray cluster: {' '.join(str(exc).split())}"
+            ) from None
+
+    def load(self, modality: str | Modality, **options: Any) -> _RayRoute:
+        d = self.described
+        return _RayRoute(_StagesSeen(d["space"], d["width"], _Preparer(d["preprocessing"])), self.actors)
+
+    def embed_stream(
+        self,
+        sources: Iterable[Source],
+        modality: str | Modality,
+        sink: Sink,
+        lookup=None,
+        window_items: int | None = None,
+        **options: Any,
+    ) -> _RayRoute:
+        """Every source through the cluster (decode tasks, then the encode actors); `sink` gets each item as it
+        comes back, once (a batch Ray retried after an actor died comes back once)."""
+        ray = self.ray
+        import pandas as pd
+
+        # The sources go to the object store a block at a time: this process holds one block's bytes (tar members,
+        # parquet cells) at most, the store the rest (spilling to disk), until the decode tasks take them.
+        by_position, rows, blocks = {}, [], []
+        for source in sources:
+            by_position[source.position] = dataclasses.replace(source, data=None, value=None)
+            rows.append(source)
+            if len(rows) == DECODE_BATCH:
+                blocks.append(ray.put(pd.DataFrame({SOURCE_COLUMN: _objects(rows)})))
+                rows = []
+        if rows:
+            blocks.append(ray.put(pd.DataFrame({SOURCE_COLUMN: _objects(rows)})))
+        route = self.load(modality)
+        if not blocks:
+            return route
+        ds = ray.data.from_pandas_refs(blocks)
+        if getattr(ds, "context", None) is not None:  # this job's own copy of the settings
+            ds.context.enable_progress_bars = False
+        out = embed_dataset(
+            ds,
+            config=self.config,
+            lookup=lookup,
+            concurrency=self.actors,
+            num_gpus=self.num_gpus,
+            batch_size=window_items,
+            expect=self.described,
+            embed_class=self.embed_class,
+        )
+        seen: set[int] = set()
+        width = int(self.described["width"])
+        try:
+            for batch in out.iter_batches(batch_format="pyarrow", batch_size=None):
+                if self.should_stop is not None:
+                    self.should_stop()
+                embeddings = batch.column("embedding").combine_chunks()
+                for index, record in enumerate(batch.drop_columns(["embedding"]).to_pylist()):
+                    position = int(record["position"])
+                    if position in seen:
+                        continue
+                    seen.add(position)
+                    record["embedding"] = _matrix(embeddings[index], width)
+                    self._hand_on(by_position.pop(position), record, sink)
+        except (GemmaEmbedError, Interrupted):
+            raise
+        except Exception as exc:  # noqa: BLE001 - what Ray raises when the job itself fails
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, GemmaEmbedError):
+                raise cause from None
+            raise ClusterError(f"the Ray job failed: {' '.join(str(exc).split())[:500]}") from exc
+        return route
+
+    @staticmethod
+    def _hand_on(source: Source, record: dict, sink: Sink) -> None:
+        """One row back from the cluster, to the pipeline's sink as if it had run here."""
+        import numpy as np
+        import torch
+
+        warnings = list(record.get("warnings") or [])
+        if record.get("reused_from") is not None:
+            facts = json.loads(record["meta"])
+            sink.reused(Prepared(source, reuse=json.loads(record["reused_from"]), facts=facts))
+            return
+        if record.get("error") is not None:
+            failure = json.loads(record["error"])
+            error = ItemError(source.key, failure["stage"], failure["message"], failure["error"], failure["traceback"])
+            error.warnings = warnings
+            sink.failed(error, warnings)
+            return
+        rows = torch.from_numpy(np.array(record["embedding"], dtype=np.float32))  # a copy it owns
+        sink.done(Prepared(source, item=PreparedItem([], json.loads(record["meta"])), warnings=warnings), rows)
+
+
+def _matrix(cell, width: int):
+    """An `embedding` cell (the rows, or one vector) as a float32 [rows, width] array, its values as sent."""
+    values = cell.values
+    if values is None:
+        return None
+    if hasattr(values, "flatten"):  # list<list<float32>>: the rows
+        values = values.flatten()
+    return values.to_numpy(zero_copy_only=False).reshape(-1, width)
