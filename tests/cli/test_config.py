@@ -9,6 +9,15 @@ from gemma_embed import cli
 from gemma_embed.config import RunConfig
 
 
+@pytest.fixture(autouse=True)
+def _inputs_exist(tmp_path, monkeypatch):
+    """The inputs these command lines name exist (a missing path is refused before the run, as it should be)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "some" / "folder").mkdir(parents=True)
+    for name in ("a.wav", "v.mp4"):
+        (tmp_path / name).write_bytes(b"")
+
+
 def _captured_config(monkeypatch, *args) -> RunConfig:
     """Parse a command line with the real app; return the RunConfig it would run (nothing is run)."""
     captured = {}
