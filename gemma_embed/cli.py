@@ -247,7 +247,7 @@ def _list_extensions(modality: str) -> inspect.Parameter:
 
     declared = typer.Option(
         "--list-extensions",
-        help="Print the extensions a folder walk takes here, and exit.",
+        help="Print the walked extensions, and exit.",
         rich_help_panel="Input",
         is_eager=True,
         callback=callback,

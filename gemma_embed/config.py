@@ -550,7 +550,7 @@ class RunConfig:
     )
     ray: str | None = option(
         None,
-        "Run as a Ray Data job (bare: the cluster Ray finds, else a local one).",
+        "Run on a Ray cluster (bare: found or new).",
         commands=EMBED,
         panel=PERFORMANCE,
         check=ray_address,
