@@ -230,13 +230,18 @@ class Embedder:
             enough_work=lambda units, work: pacer.enough_work(units, work, WINDOW_SECONDS),
             host_budget=route.host.decode,
         )
-        for batch in windows:
-            if self.should_stop is not None:
-                self.should_stop()
-            self.encode_window(route, batch, sink, pool)
-            # Let this window's prepared tensors go now: the loop variable would hold them while the next
-            # window decodes (measured: ~150 MB of pixels at a 100-item window of 70-token images).
-            batch.clear()
+        # Closed however the loop ends: a stop signal (or a failed device) raises here while the stream is
+        # suspended mid-window, with decodes waiting for room that only its close releases. Left to the garbage
+        # collector, the exception's traceback kept it open and the process hung at exit, joining those decode
+        # threads (seen: an interrupted run printed its summary, then never exited).
+        with contextlib.closing(windows):
+            for batch in windows:
+                if self.should_stop is not None:
+                    self.should_stop()
+                self.encode_window(route, batch, sink, pool)
+                # Let this window's prepared tensors go now: the loop variable would hold them while the next
+                # window decodes (measured: ~150 MB of pixels at a 100-item window of 70-token images).
+                batch.clear()
         return route
 
     def encode_window(self, route: Route, batch: list[Prepared], sink: Sink, pool: Pool | str | None = None) -> None:

@@ -101,3 +101,44 @@ def test_encode_pools_soft_tokens_and_keeps_the_order(gemma4):
 
 def test_one_vision_tower_serves_images_and_video(gemma4):
     assert gemma4.load("images").stages.chain[0].tower is gemma4.load("video").stages.chain[0].tower
+
+
+def test_a_stop_mid_stream_closes_the_decode_stream_and_its_threads():
+    """A stop signal raises between windows while the decode stream is suspended mid-window (with decodes waiting
+    for room). The stream is closed there and then: its decode threads are gone while the exception (and its
+    traceback, which holds the stream's frame) is still alive. Before, an interrupted run printed its summary and
+    then hung at exit, joining decode threads that waited for room nothing would release."""
+    import threading
+
+    from gemma_embed.embedder import _source
+    from gemma_embed.interrupts import Interrupted
+
+    embedder = Embedder(GEMMA4, device="cpu", batch_size=1, workers=2)
+    windows = []
+
+    def stop_after_the_first_window():
+        windows.append(1)
+        if len(windows) == 2:
+            raise Interrupted(2)
+
+    embedder.should_stop = stop_after_the_first_window
+
+    finished: list = []
+
+    class Collect:
+        def reused(self, prepared):
+            raise AssertionError(prepared.source.key)
+
+        def failed(self, error, warnings=None):
+            raise AssertionError(error)
+
+        def done(self, prepared, rows):
+            finished.append(prepared.source.key)
+
+    sources = [_source(f"input{i}", str(p), "images", i) for i, p in enumerate(IMAGES * 3)]
+    with pytest.raises(Interrupted) as caught:
+        embedder.embed_stream(sources, "images", Collect(), window_items=2)
+    assert 0 < len(finished) < len(sources)
+    assert caught.value.__traceback__ is not None and len(windows) == 2
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("decode")]
+    assert alive == []
