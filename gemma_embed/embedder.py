@@ -210,7 +210,7 @@ class Embedder:
 
         route = self.load(modality, **options)
         stages, pool = route.stages, Pool(options.get("pool", self.config.pool))
-        window = max(1, min(stages.window_items or WINDOW_ITEMS, window_items or WINDOW_ITEMS))
+        window = max(1, min(stages.window_items or WINDOW_ITEMS, window_items or stages.window_items or WINDOW_ITEMS))
         pacer = route.pacer
         windows = prepared_stream(
             stages,
