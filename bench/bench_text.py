@@ -12,16 +12,16 @@ sentences (a word is one or two tokens, as with a real tokenizer):
 Each side runs in its own fresh process (its peak RSS, VmHWM, is its own), model loaded before the timer, the sides
 rotated in every round:
 - sentence-transformers: `SentenceTransformer(ckpt).encode(lines)` at its default batch size (32), and at its best
-  batch size on that corpus (one run each of 8, 16, 64 and 128 first, the fastest kept);
+  batch size on that corpus (one run each of `--st-batch-sizes`, 8, 16, 64 and 128, first; the fastest kept);
 - gemma-embed: `Embedder(ckpt).encode(lines)` (windows, token-budget batches, the tuner), its summary's chunking
   printed.
 `--busy on` repeats the rounds with one busy process (`python -c "while True: pass"`) sharing the cores, started
 before each round and killed by its PID after. Printed per corpus: items/s, tokens/s, padding share (tokens
 computed that were padding: sentence-transformers' measured on the attention masks its Transformer module gets),
 peak RSS, and the largest relative difference of each side's vectors to each text encoded alone (the reference:
-sentence-transformers at batch size 1); then the median over rounds of gemma-embed's items/s over each
-sentence-transformers side's. The machine's load moves absolute numbers a lot (other work shares its cores): the
-ratios, from rounds that alternate the sides, are what compare.
+sentence-transformers at batch size 1, over the first `--alone-lines` lines); then the median over rounds of
+gemma-embed's items/s over each sentence-transformers side's. The machine's load moves absolute numbers a lot
+(other work shares its cores): the ratios, from rounds that alternate the sides, are what compare.
 """
 
 from __future__ import annotations
@@ -130,6 +130,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--corpora", default="short,medium,mixed")
     parser.add_argument("--busy", default="off,on")
+    parser.add_argument("--alone-lines", type=int, default=100, help="lines encoded alone for the reference")
+    parser.add_argument("--st-batch-sizes", default=",".join(map(str, ST_CANDIDATES)), help="tried for ST's best")
     parser.add_argument("--child", nargs=5, metavar=("SIDE", "CKPT", "CORPUS", "OUT", "BATCH"))
     args = parser.parse_args()
     if args.child:
@@ -170,8 +172,12 @@ def main() -> None:
             corpus = tmp / f"{kind}.txt"
             write_corpus(corpus, kind, args.lines)
             tokens = sum(token_counts(ckpt, corpus))
-            alone = run("st", corpus, "1", f"{kind}-alone")[1]  # every text alone: no padding, the reference
-            tried = {b: run("st", corpus, str(b), f"{kind}-st{b}")[0]["embed_s"] for b in ST_CANDIDATES}
+            # The reference: the first lines, each alone (no padding), as sentence-transformers encodes them.
+            first = tmp / f"{kind}-first.txt"
+            first.write_text("".join(f"{line}\n" for line in read_lines(str(corpus))[: args.alone_lines]))
+            alone = run("st", first, "1", f"{kind}-alone")[1]
+            candidates = [int(b) for b in args.st_batch_sizes.split(",")]
+            tried = {b: run("st", corpus, str(b), f"{kind}-st{b}")[0]["embed_s"] for b in candidates}
             best = min(tried, key=tried.get)
             print(
                 f"\n## {kind}: {args.lines} lines, {tokens} tokens ({tokens / args.lines:.0f} a line); "
@@ -200,7 +206,7 @@ def main() -> None:
                 for name in sides:
                     rates = [rec["items"] / rec["embed_s"] for rec, _ in runs[name]]
                     rec = runs[name][0][0]
-                    worst = max(worst_difference(vectors, alone) for _, vectors in runs[name])
+                    worst = max(worst_difference(vectors[: len(alone)], alone) for _, vectors in runs[name])
                     print(
                         f"{'busy' if busy == 'on' else 'quiet':>5} {labels[name]:>24} {statistics.median(rates):>8.1f} "
                         f"{statistics.median(rates) * tokens / args.lines:>9.0f} {100 * rec['padding']:>7.1f}% "

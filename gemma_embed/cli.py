@@ -127,6 +127,7 @@ def _parameters(command: str) -> list[inspect.Parameter]:
         long_name = spec.long or "--" + f.name.replace("_", "-")
         kind = spec.cli_type or hints[f.name]
         default = spec.cli_default if spec.cli_type else f.default
+        default = (spec.command_defaults or {}).get(command, default)
         choices = kind if _is_choice(kind) else None
         if choices is not None:  # parsed by the callback: Typer's own enum check words its error oddly
             kind, default = str, str(default)

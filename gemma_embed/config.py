@@ -20,7 +20,12 @@ from typing import Any
 
 from gemma_embed.memory import BudgetSpec, parse_budget
 
-DEFAULT_MODEL = "google/gemma-4-e2b-it"
+DEFAULT_MODEL = "google/gemma-4-e2b-it"  # the media commands' default checkpoint
+DEFAULT_TEXT_MODEL = "google/embeddinggemma-300m"  # text's: an embedding checkpoint
+# Each embedding command's default, and each default's config model type: the family registry knows a checkpoint by
+# it, so tests check that every command's default is one the command accepts without downloading anything.
+DEFAULT_MODELS = {"images": DEFAULT_MODEL, "video": DEFAULT_MODEL, "audio": DEFAULT_MODEL, "text": DEFAULT_TEXT_MODEL}
+DEFAULT_MODEL_TYPES = {DEFAULT_MODEL: "gemma4", DEFAULT_TEXT_MODEL: "gemma3_text"}
 IMAGE_SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
 # The audio feature extractors' own `max_length` (480 000 samples at 16 kHz): anything longer is cut silently.
 MAX_WINDOW_S = 30.0
@@ -235,6 +240,8 @@ class Option:
     aliases: tuple[str, ...] = ()  # old names still accepted, not shown in --help
     long: str | None = None  # the long name when it is not the field's name with dashes
     check: Callable[[Any], None] | None = None  # raises ValueError with a short reason
+    # A default that depends on the command (shown in its --help and passed when the option is not given).
+    command_defaults: dict[str, Any] | None = None
     # When the command line spells the value differently (--batch-size auto|N): its type, default and parser.
     cli_type: type | None = None
     cli_default: Any = None
@@ -296,9 +303,9 @@ def looks_like_path(model: str) -> bool:
     return "/" in model and Path(model.split("/")[0]).is_dir()
 
 
-def model_argument(model: str) -> None:
+def model_argument(model: str | None) -> None:
     """A folder that does not exist fails here, at once, instead of being tried as a hub id."""
-    if looks_like_path(model) and not Path(model).expanduser().exists():
+    if model is not None and looks_like_path(model) and not Path(model).expanduser().exists():
         raise ValueError(f"{model}: no such folder (and not a hub id)")
 
 
@@ -406,13 +413,15 @@ class RunConfig:
         False, "Table paths may leave its folder.", commands=MEDIA + PLAN, panel=ROBUSTNESS
     )
     # Model -----------------------------------------------------------------------------------------------
-    model: str = option(
-        DEFAULT_MODEL,
+    # None: the command's default (DEFAULT_MODELS; `plan` takes its --modality's).
+    model: str | None = option(
+        None,
         "Hub id or local checkpoint folder.",
         commands=EMBED + PLAN,
         panel=MODEL,
         check=model_argument,
         metavar="ID|DIR",
+        command_defaults=DEFAULT_MODELS,
     )
     revision: str | None = option(
         None, "Hub revision: branch, tag or commit.", commands=EMBED + PLAN, panel=MODEL, metavar="REV"
@@ -558,6 +567,8 @@ class RunConfig:
                 object.__setattr__(self, f.name, spec.parse(value))
             except ValueError as exc:
                 raise ValueError(f"--{f.name.replace('_', '-')}: {exc}") from None
+        if self.model is None:
+            object.__setattr__(self, "model", DEFAULT_MODELS[self.modality.value])
         if isinstance(self.inputs, (str, Path)):
             object.__setattr__(self, "inputs", (str(self.inputs),))
         else:

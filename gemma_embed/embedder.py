@@ -60,7 +60,7 @@ class Route:
         return self.engines[0]
 
     def chunking(self, batch_size: int | None) -> dict:
-        report = [e.tuner.report() if e.tuner else {"fixed": batch_size} for e in self.engines]
+        report = [e.chunking() for e in self.engines]
         if len(report) == 1 and self.stages.space != Space.retrieval:
             return report[0]
         # Retrieval vectors: by stage, as the output's readers know them (stage1: the tower; none for text).

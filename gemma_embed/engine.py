@@ -26,9 +26,11 @@ from gemma_embed.tuning import CPU_START, BatchTuner
 ItemRows = torch.Tensor | ItemError  # an item's (or unit's) rows on the CPU, or why it has none
 RowsCallback = Callable[[int, ItemRows], None]
 
-# A decode window holds at least this many batches' work: sorted together, its lengths pad less and repeat more
-# (equal lengths run unpadded), and only one batch in a window is a short remainder.
-WINDOW_BATCHES = 4
+# A decode window holds at least this many batches' work, by grouping: only one batch in a window is a short
+# remainder, and ragged units sorted together pad less. Computed for the text benchmark's 600 mixed lines
+# (bench_text.py, 4096-token batches): 11.3% padding in 31 batches with windows of 4 batches' tokens, 7.0% in 19
+# with 16 (as with the whole corpus in one window). A prepared text or clip is small; an image's pixels are not.
+WINDOW_BATCHES = {"exact": 4, "ragged": 16}
 # A ragged batch (text, audio) pads its shorter units to its longest wasting at most this share of its tokens or
 # frames (within that, the batch plan weighs padding against the cost of one more batch).
 RAGGED_MAX_PADDING = 0.25
@@ -36,8 +38,8 @@ RAGGED_MAX_PADDING = 0.25
 # neighbours' batch when that padding costs less. Measured on 2 shared cores (text model hidden 512 x 8 layers,
 # float32): one 16-token sequence took 150-240 ms, a batch of 4096 tokens 7-10 s, so a forward costs about 64-110
 # tokens of work beside its tokens, and small batches run their GEMMs far below the large ones' rate (64 tokens
-# alone: 4x the time a token of a 4096-token batch takes); 1/16 of 4096 is 256.
-BATCH_OVERHEAD = 1 / 16
+# alone: 4x the time a token of a 4096-token batch takes); 1/32 of the CPU's 8192 is 256.
+BATCH_OVERHEAD = 1 / 32
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,15 @@ class Engine:
     def padding_share(self) -> float:
         """The share of the work computed so far that was padding."""
         return 1.0 - self.real_work / self.padded_work if self.padded_work else 0.0
+
+    def chunking(self) -> dict:
+        """The summary's `chunking` for this stage: the tuner's choice and why (or the fixed --batch-size), and
+        the share of the computed work that was padding."""
+        report = self.tuner.report() if self.tuner else {"fixed": self.batch_cap}
+        if self.tower.grouping != "exact":
+            unit = getattr(self.tower, "length_unit", "units")
+            report["padding"] = f"{100 * self.padding_share():.1f}% of the {unit} computed"
+        return report
 
     def peak_device_memory(self) -> int | None:
         """The most device memory live tensors held at any point of the run (weights included); None where the
@@ -303,10 +314,11 @@ class Engine:
         """Whether a window of `units` units and `work` summed length keeps the device busy for about `seconds` at
         the measured rate, and fills `WINDOW_BATCHES` batches of the size wanted next (the tuned work, or
         --batch-size units)."""
+        batches = WINDOW_BATCHES["exact" if self.tower.grouping == "exact" else "ragged"]
         if self.tuner is None:
-            full = units >= WINDOW_BATCHES * (self.batch_cap or 1)
+            full = units >= batches * (self.batch_cap or 1)
         else:
-            full = work >= WINDOW_BATCHES * (self.tuner.current or self.tuner.start or 1)
+            full = work >= batches * (self.tuner.current or self.tuner.start or 1)
         return full and work >= self.work_per_second() * seconds
 
     def _run_single(self, units: list[Unit], i: int, keys: list[str]) -> torch.Tensor | ItemError:

@@ -34,10 +34,11 @@ SMALL_SAMPLE = 8.0  # ... plus this / (pairs - 1): a spread from few pairs is it
 MIN_SPREAD = 0.15  # a floor on the standard deviation of one pair's log ratio: a few pairs that agree prove little
 MIN_PAIRS = 3  # pairs before a comparison may end
 MAX_PAIRS = 64  # pairs after which the mean ratio decides without the margin (its standard error is small by then)
-# Work per batch a CPU search starts from. Measured on 2 shared cores (a hidden-512 x 8-layer text model, float32,
-# bench/README.md): tokens/s rises about 2x from 128 to 1024 tokens a batch and is flat within the noise from 2048
-# to 16384; a smaller start spends the first chunks far below that.
-CPU_START = 4096
+# Work per batch a CPU search starts from. Measured on 2 shared cores (a hidden-512 x 8-layer text model, float32):
+# a token of a 64-token batch took 4x the time of a token of a 4096-token batch, and in three runs of 600 mixed
+# lines the tuner's batches of 8192 tokens ran 1.1-1.6x the tokens/s of its batches of 4096 while other work
+# shared the cores (fewer, larger parallel regions wait less on a busy core).
+CPU_START = 8192
 ORDER = (False, True, True, False)  # A B B A: whether the k-th chunk of a comparison runs the challenger
 
 
