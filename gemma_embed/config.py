@@ -155,10 +155,10 @@ def parse_columns(text: str | tuple[str, ...] | None) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Collection:
-    """How the rows of a table (.parquet files, a Hugging Face dataset) become items: `column` holds the media
-    (bytes, a file path, or datasets' struct of both), `key_column` names items instead of FILE:ROW,
-    `keep_columns` go to each item's metadata; `dataset` (hub id or folder) and its `split` add that dataset's
-    rows to the input."""
+    """How the rows of a table (.parquet and JSON-lines files, a Hugging Face dataset) become items: `column` holds
+    the media (bytes, a file path, or datasets' struct of both) or, with `column_holds_text` (the text command),
+    the texts; `key_column` names items instead of FILE:ROW, `keep_columns` go to each item's metadata; `dataset`
+    (hub id or folder) and its `split` add that dataset's rows to the input."""
 
     column: str | None = None
     key_column: str | None = None
@@ -171,6 +171,7 @@ class Collection:
     memory_budget: BudgetSpec = BudgetSpec()
     # Path cells may name files outside their table's folder (absolute paths, `..`, links leading out).
     allow_outside_paths: bool = False
+    column_holds_text: bool = False  # the column's cells are the items' texts, not media or paths
 
     def with_item_limit(self) -> Collection:
         """This collection with `max_item_bytes` decided (the default measured now, once per run)."""
@@ -386,20 +387,26 @@ class RunConfig:
         check=audio_window,
         metavar="S",
     )
-    column: str | None = option(None, "Parquet/--dataset column of the media.", commands=MEDIA + PLAN, metavar="NAME")
+    column: str | None = option(
+        None,
+        "Table column (parquet, JSON lines, --dataset) of the media.",
+        help_by_command=(("text", "Table column (parquet, JSON lines, --dataset) of the texts."),),
+        commands=EMBED + PLAN,
+        metavar="NAME",
+    )
     key_column: str | None = option(
-        None, "Column of item keys (default: FILE:ROW).", commands=MEDIA + PLAN, metavar="NAME"
+        None, "Column of item keys (default: FILE:ROW).", commands=EMBED + PLAN, metavar="NAME"
     )
     keep_columns: tuple[str, ...] = option(
         (),
         "Columns kept in item metadata.",
-        commands=MEDIA + PLAN,
+        commands=EMBED + PLAN,
         cli_type=str,
         parse=parse_columns,
         metavar="A,B",
     )
-    dataset: str | None = option(None, "Hugging Face dataset: hub id or folder.", commands=MEDIA + PLAN, metavar="NAME")
-    split: str | None = option(None, "The dataset's split (default: train).", commands=MEDIA + PLAN, metavar="SPLIT")
+    dataset: str | None = option(None, "Hugging Face dataset: hub id or folder.", commands=EMBED + PLAN, metavar="NAME")
+    split: str | None = option(None, "The dataset's split (default: train).", commands=EMBED + PLAN, metavar="SPLIT")
     max_item_bytes: int | None = option(
         None,
         "Largest member or cell read (default: budget/4).",
@@ -587,6 +594,7 @@ class RunConfig:
             max_item_bytes=self.max_item_bytes,
             memory_budget=self.memory_budget,
             allow_outside_paths=self.allow_outside_paths,
+            column_holds_text=self.modality == Modality.text,
         )
 
     def check(self) -> None:

@@ -283,10 +283,10 @@ def _require_input(config: RunConfig, stdin, skipped: Counter) -> Iterator[Sourc
 
 
 def _find(config: RunConfig, stdin=None, skipped: Counter | None = None) -> Iterator[Source]:
-    """The find stage: files, folders, stdin lists, tar shards, parquet files and a --dataset; for text, the
-    lines of files (or stdin), or whole files."""
+    """The find stage: files, folders, stdin lists, tar shards, parquet and JSON-lines files and a --dataset; for
+    text, the lines of files (or stdin), or whole files, and the rows of tables and of a --dataset."""
     if config.modality == "text":
-        return iter_text_sources(config.inputs, stdin, config.per_file, config.ext, skipped)
+        return iter_text_sources(config.inputs, stdin, config.per_file, config.ext, skipped, config.collection)
     return iter_sources(
         config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped, config.collection
     )
