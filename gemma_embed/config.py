@@ -389,8 +389,8 @@ class RunConfig:
     )
     column: str | None = option(
         None,
-        "Table column (parquet, JSON lines, --dataset) of the media.",
-        help_by_command=(("text", "Table column (parquet, JSON lines, --dataset) of the texts."),),
+        "Table column holding the media.",
+        help_by_command=(("text", "Table column holding the texts."),),
         commands=EMBED + PLAN,
         metavar="NAME",
     )
