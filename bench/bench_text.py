@@ -132,6 +132,8 @@ def main() -> None:
     parser.add_argument("--busy", default="off,on")
     parser.add_argument("--alone-lines", type=int, default=100, help="lines encoded alone for the reference")
     parser.add_argument("--st-batch-sizes", default=",".join(map(str, ST_CANDIDATES)), help="tried for ST's best")
+    parser.add_argument("--st-best", type=int, help="ST's best batch size, known from an earlier run: no search")
+    parser.add_argument("--busy-rounds", type=int, help="rounds with the busy process (default: --rounds)")
     parser.add_argument("--child", nargs=5, metavar=("SIDE", "CKPT", "CORPUS", "OUT", "BATCH"))
     args = parser.parse_args()
     if args.child:
@@ -176,13 +178,14 @@ def main() -> None:
             first = tmp / f"{kind}-first.txt"
             first.write_text("".join(f"{line}\n" for line in read_lines(str(corpus))[: args.alone_lines]))
             alone = run("st", first, "1", f"{kind}-alone")[1]
-            candidates = [int(b) for b in args.st_batch_sizes.split(",")]
+            candidates = [int(b) for b in args.st_batch_sizes.split(",")] if args.st_best is None else []
             tried = {b: run("st", corpus, str(b), f"{kind}-st{b}")[0]["embed_s"] for b in candidates}
-            best = min(tried, key=tried.get)
+            best = min(tried, key=tried.get) if tried else args.st_best
             print(
                 f"\n## {kind}: {args.lines} lines, {tokens} tokens ({tokens / args.lines:.0f} a line); "
                 f"sentence-transformers' best batch size here: {best} "
-                f"({', '.join(f'{b}: {s:.1f} s' for b, s in tried.items())}; default {ST_DEFAULT} in the rounds)",
+                f"({', '.join(f'{b}: {s:.1f} s' for b, s in tried.items()) or 'given'}; "
+                f"default {ST_DEFAULT} in the rounds)",
                 flush=True,
             )
             print(
@@ -192,12 +195,14 @@ def main() -> None:
             sides = {"st": ("st", str(ST_DEFAULT)), "st-best": ("st", str(best)), "ours": ("ours", "auto")}
             for busy in args.busy.split(","):
                 runs: dict[str, list[tuple[dict, np.ndarray]]] = {name: [] for name in sides}
-                for r in range(args.rounds):
+                rounds = args.busy_rounds if busy == "on" and args.busy_rounds else args.rounds
+                for r in range(rounds):
                     names = list(sides)[r % 3 :] + list(sides)[: r % 3]  # rotated: no side always first
                     hog = busy_process() if busy == "on" else None
                     try:
                         for name in names:
-                            runs[name].append(run(*sides[name], f"{kind}-{name}"))
+                            side, batch = sides[name]
+                            runs[name].append(run(side, corpus, batch, f"{kind}-{name}"))
                     finally:
                         if hog is not None:
                             hog.kill()
