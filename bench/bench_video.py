@@ -107,10 +107,14 @@ def run_tool(ckpt: Path, videos: list[Path], out: Path, device: str, dtype: str,
     return wall - timer.seconds.get("setup", 0.0), timer.seconds, result.chunking
 
 
-def settled_chunk(chunking: dict) -> int | None:
-    """The chunk the tuner chose (the largest over length classes: frames of one budget share one class)."""
-    chosen = [c["chosen"] for c in chunking.values() if isinstance(c, dict) and "chosen" in c]
-    return max(chosen) if chosen else None
+def settled_chunk(chunking: dict, out: Path) -> int | None:
+    """The frames a batch the tuner's chosen work (patches a batch, one choice for the stage) gives at the frames'
+    patch count (every sampled frame of one budget has the same)."""
+    import gemma_embed
+
+    work = chunking.get("chosen")
+    patches = {item["patches"] for item in gemma_embed.read_metadata(out)["items"] if "patches" in item}
+    return max(1, work // max(patches)) if work and patches else None
 
 
 def run_reference(model, processor, videos: list[Path], indices: dict[str, list[int]]):
@@ -201,7 +205,7 @@ def main() -> None:
         for round_ in range(args.rounds):
             tool_runs.append(run_tool(ckpt, videos, out, args.device, dtype_name(dtype), batch_size))
             if round_ == 0:
-                batch_size = batch_size or settled_chunk(tool_runs[0][2])  # later rounds: no probes again
+                batch_size = batch_size or settled_chunk(tool_runs[0][2], out)  # later rounds: no probes again
                 tool_rss = peak_rss() / 2**20
                 ours = gemma_embed.load(out)
                 items = gemma_embed.read_metadata(out)["items"]

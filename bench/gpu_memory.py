@@ -7,7 +7,7 @@ Builds a random Gemma 4 checkpoint whose vision tower has the real size by defau
 3072, 16 layers, 12 heads: 167M parameters), stored in bf16 as real ones are; writes images of twelve aspect ratios,
 runs `pipeline.run` once per soft-token budget, and prints per bucket (patch count):
 - units, the budget the planner had for it, the modelled cost per unit, the memory cap on the chunk;
-- the chunk sizes the engine ran and the one the tuner chose for the bucket's length class;
+- the chunk sizes the engine ran and the one the tuner's chosen work per batch gives at the bucket's length;
 - the largest chunk's measured transient (peak allocated during the chunk less what was allocated before it) against
   its modelled cost and against the budget;
 then the run's peak device memory against the weights plus the largest budget, the cost scale the engine learned,
@@ -104,8 +104,6 @@ def run_budget(ckpt: Path, images: Path, out: Path, budget: int, args) -> tuple[
 
 def report(budget: int, result, recorder: Recorder) -> bool:
     """Print one budget's table; False if a chunk's measured transient went over its planned budget."""
-    from gemma_embed.tuning import class_name, length_class
-
     print(f"\n## {budget} soft tokens: {result.ok} images, {result.seconds:.1f} s, dtype {result.dtype}")
     print(
         f"{'patches':>8} {'units':>6} {'budget':>12} {'cost/unit':>11} {'cap':>5} {'chosen':>7}  "
@@ -115,7 +113,8 @@ def report(budget: int, result, recorder: Recorder) -> bool:
     for length in sorted(recorder.plans):
         plan, chunks = recorder.plans[length], recorder.chunks.get(length, [])
         size, modelled, transient = max(chunks, key=lambda c: (c[2] or 0, c[0]))
-        chosen = result.chunking.get(class_name(length_class(length)), {}).get("chosen", "fixed")
+        work = result.chunking.get("chosen")  # the tuned work (patches) a batch, one for the stage
+        chosen = "fixed" if work is None else max(1, work // length)
         share = "n/a" if transient is None else f"{100 * transient / max(1, plan.budget):.0f}%"
         if transient is not None and transient > plan.budget:
             within = False

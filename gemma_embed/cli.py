@@ -70,17 +70,15 @@ class _Command(typer.core.TyperCommand):
 
 
 PATHS_HELP = {
-    "text": "Text files (an item per line), folders (walked for .txt .text .md) or - for lines on stdin.",
+    "text": "Text files (an item per line), folders (.txt .text .md), - (lines on stdin), .parquet or .jsonl.",
 }
 NO_INPUT = "give PATH... (files, folders, tar shards, parquet files, - for a list on stdin) or --dataset NAME"
 
 
 def _paths(command: str) -> inspect.Parameter:
-    """The PATH argument: required for text; for media optional, since --dataset can be the input instead."""
-    help_text = PATHS_HELP.get(command, "Files, folders, .tar shards, .parquet or - (list on stdin).")
+    """The PATH argument: optional, since --dataset can be the input instead."""
+    help_text = PATHS_HELP.get(command, "Files, folders, .tar shards, .parquet, .jsonl or - (list on stdin).")
     argument = typer.Argument(help=help_text, show_default=False, metavar="PATH")
-    if command in PATHS_HELP:
-        return inspect.Parameter("paths", inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[list[str], argument])
     return inspect.Parameter(
         "paths", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[list[str] | None, argument]
     )
@@ -127,6 +125,7 @@ def _parameters(command: str) -> list[inspect.Parameter]:
         long_name = spec.long or "--" + f.name.replace("_", "-")
         kind = spec.cli_type or hints[f.name]
         default = spec.cli_default if spec.cli_type else f.default
+        default = (spec.command_defaults or {}).get(command, default)
         choices = kind if _is_choice(kind) else None
         if choices is not None:  # parsed by the callback: Typer's own enum check words its error oddly
             kind, default = str, str(default)

@@ -20,7 +20,12 @@ from typing import Any
 
 from gemma_embed.memory import BudgetSpec, parse_budget
 
-DEFAULT_MODEL = "google/gemma-4-e2b-it"
+DEFAULT_MODEL = "google/gemma-4-e2b-it"  # the media commands' default checkpoint
+DEFAULT_TEXT_MODEL = "google/embeddinggemma-300m"  # text's: an embedding checkpoint
+# Each embedding command's default, and each default's config model type: the family registry knows a checkpoint by
+# it, so tests check that every command's default is one the command accepts without downloading anything.
+DEFAULT_MODELS = {"images": DEFAULT_MODEL, "video": DEFAULT_MODEL, "audio": DEFAULT_MODEL, "text": DEFAULT_TEXT_MODEL}
+DEFAULT_MODEL_TYPES = {DEFAULT_MODEL: "gemma4", DEFAULT_TEXT_MODEL: "gemma3_text"}
 IMAGE_SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
 # The audio feature extractors' own `max_length` (480 000 samples at 16 kHz): anything longer is cut silently.
 MAX_WINDOW_S = 30.0
@@ -150,10 +155,10 @@ def parse_columns(text: str | tuple[str, ...] | None) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Collection:
-    """How the rows of a table (.parquet files, a Hugging Face dataset) become items: `column` holds the media
-    (bytes, a file path, or datasets' struct of both), `key_column` names items instead of FILE:ROW,
-    `keep_columns` go to each item's metadata; `dataset` (hub id or folder) and its `split` add that dataset's
-    rows to the input."""
+    """How the rows of a table (.parquet and JSON-lines files, a Hugging Face dataset) become items: `column` holds
+    the media (bytes, a file path, or datasets' struct of both) or, with `column_holds_text` (the text command),
+    the texts; `key_column` names items instead of FILE:ROW, `keep_columns` go to each item's metadata; `dataset`
+    (hub id or folder) and its `split` add that dataset's rows to the input."""
 
     column: str | None = None
     key_column: str | None = None
@@ -166,6 +171,7 @@ class Collection:
     memory_budget: BudgetSpec = BudgetSpec()
     # Path cells may name files outside their table's folder (absolute paths, `..`, links leading out).
     allow_outside_paths: bool = False
+    column_holds_text: bool = False  # the column's cells are the items' texts, not media or paths
 
     def with_item_limit(self) -> Collection:
         """This collection with `max_item_bytes` decided (the default measured now, once per run)."""
@@ -235,6 +241,8 @@ class Option:
     aliases: tuple[str, ...] = ()  # old names still accepted, not shown in --help
     long: str | None = None  # the long name when it is not the field's name with dashes
     check: Callable[[Any], None] | None = None  # raises ValueError with a short reason
+    # A default that depends on the command (shown in its --help and passed when the option is not given).
+    command_defaults: dict[str, Any] | None = None
     # When the command line spells the value differently (--batch-size auto|N): its type, default and parser.
     cli_type: type | None = None
     cli_default: Any = None
@@ -298,9 +306,9 @@ def looks_like_path(model: str) -> bool:
     return "/" in model and Path(model.split("/")[0]).is_dir()
 
 
-def model_argument(model: str) -> None:
+def model_argument(model: str | None) -> None:
     """A folder that does not exist fails here, at once, instead of being tried as a hub id."""
-    if looks_like_path(model) and not Path(model).expanduser().exists():
+    if model is not None and looks_like_path(model) and not Path(model).expanduser().exists():
         raise ValueError(f"{model}: no such folder (and not a hub id)")
 
 
@@ -396,20 +404,26 @@ class RunConfig:
         check=audio_window,
         metavar="S",
     )
-    column: str | None = option(None, "Parquet/--dataset column of the media.", commands=MEDIA + PLAN, metavar="NAME")
+    column: str | None = option(
+        None,
+        "Table column holding the media.",
+        help_by_command=(("text", "Table column holding the texts."),),
+        commands=EMBED + PLAN,
+        metavar="NAME",
+    )
     key_column: str | None = option(
-        None, "Column of item keys (default: FILE:ROW).", commands=MEDIA + PLAN, metavar="NAME"
+        None, "Column of item keys (default: FILE:ROW).", commands=EMBED + PLAN, metavar="NAME"
     )
     keep_columns: tuple[str, ...] = option(
         (),
         "Columns kept in item metadata.",
-        commands=MEDIA + PLAN,
+        commands=EMBED + PLAN,
         cli_type=str,
         parse=parse_columns,
         metavar="A,B",
     )
-    dataset: str | None = option(None, "Hugging Face dataset: hub id or folder.", commands=MEDIA + PLAN, metavar="NAME")
-    split: str | None = option(None, "The dataset's split (default: train).", commands=MEDIA + PLAN, metavar="SPLIT")
+    dataset: str | None = option(None, "Hugging Face dataset: hub id or folder.", commands=EMBED + PLAN, metavar="NAME")
+    split: str | None = option(None, "The dataset's split (default: train).", commands=EMBED + PLAN, metavar="SPLIT")
     max_item_bytes: int | None = option(
         None,
         "Largest member or cell read (default: budget/4).",
@@ -423,13 +437,15 @@ class RunConfig:
         False, "Table paths may leave its folder.", commands=MEDIA + PLAN, panel=ROBUSTNESS
     )
     # Model -----------------------------------------------------------------------------------------------
-    model: str = option(
-        DEFAULT_MODEL,
+    # None: the command's default (DEFAULT_MODELS; `plan` takes its --modality's).
+    model: str | None = option(
+        None,
         "Hub id or local checkpoint folder.",
         commands=EMBED + PLAN,
         panel=MODEL,
         check=model_argument,
         metavar="ID|DIR",
+        command_defaults=DEFAULT_MODELS,
     )
     revision: str | None = option(
         None, "Hub revision: branch, tag or commit.", commands=EMBED + PLAN, panel=MODEL, metavar="REV"
@@ -584,6 +600,8 @@ class RunConfig:
                 object.__setattr__(self, f.name, spec.parse(value))
             except ValueError as exc:
                 raise ValueError(f"--{f.name.replace('_', '-')}: {exc}") from None
+        if self.model is None:
+            object.__setattr__(self, "model", DEFAULT_MODELS[self.modality.value])
         if isinstance(self.inputs, (str, Path)):
             object.__setattr__(self, "inputs", (str(self.inputs),))
         else:
@@ -602,6 +620,7 @@ class RunConfig:
             max_item_bytes=self.max_item_bytes,
             memory_budget=self.memory_budget,
             allow_outside_paths=self.allow_outside_paths,
+            column_holds_text=self.modality == Modality.text,
         )
 
     def check(self) -> None:

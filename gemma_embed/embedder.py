@@ -70,8 +70,8 @@ class Route:
         """The engine whose measured rate sizes the decode windows (the first stage items go through)."""
         return self.engines[0]
 
-    def chunking(self, batch_size: int | None) -> dict:
-        report = [e.chunking(batch_size) for e in self.engines]
+    def chunking(self) -> dict:
+        report = [e.chunking() for e in self.engines]
         if len(report) == 1 and self.stages.space != Space.retrieval:
             return report[0]
         # Retrieval vectors: by stage, as the output's readers know them (stage1: the tower; none for text).
@@ -218,7 +218,7 @@ class Embedder:
         engines' chunking, backoffs and peaks)."""
         route = self.load(modality, **options)
         stages, pool = route.stages, Pool(options.get("pool", self.config.pool))
-        window = max(1, min(stages.window_items or WINDOW_ITEMS, window_items or WINDOW_ITEMS))
+        window = max(1, min(stages.window_items or WINDOW_ITEMS, window_items or stages.window_items or WINDOW_ITEMS))
         pacer = route.pacer
         windows = prepared_stream(
             stages,

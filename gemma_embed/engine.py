@@ -1,5 +1,11 @@
-"""Encode stage: group the units of prepared items, run each group on the device in memory-planned chunks
-with out-of-memory back-off, and give every item its rows back."""
+"""Encode stage: group the units of prepared items, run each group on the device in memory-planned batches
+with out-of-memory back-off, and give every item its rows back.
+
+Batches are sized in work (the units' padded length summed: tokens, patches, mel frames), not in a count: a
+batch holds `work // length` units of its longest length, at most what the memory plan admits at that length, and
+the work per batch is tuned once per stage (tuning.py). Ragged groups (text, audio) are sorted longest first and
+each batch is cut from the head (`batching.next_batch`): equal lengths together where the stream has enough of them
+(no padding token), otherwise padding within `RAGGED_MAX_PADDING`."""
 
 from __future__ import annotations
 
@@ -11,17 +17,29 @@ from dataclasses import dataclass
 import torch
 
 from gemma_embed import hostmem, memory
-from gemma_embed.batching import Group, exact_buckets, ragged_groups
+from gemma_embed.batching import BatchPlan, Group, exact_buckets, longest_first
 from gemma_embed.device import DeviceOps
 from gemma_embed.errors import DeviceError, ItemError
 from gemma_embed.models.base import PreparedItem, Tower, Unit
-from gemma_embed.tuning import TIE, ChunkTuner, class_name, length_class
+from gemma_embed.tuning import CPU_START, BatchTuner
 
 ItemRows = torch.Tensor | ItemError  # an item's (or unit's) rows on the CPU, or why it has none
 RowsCallback = Callable[[int, ItemRows], None]
 
-# Ragged groups (audio) close when padding them to their longest unit would waste more than this share.
+# A decode window holds at least this many batches' work, by grouping: only one batch in a window is a short
+# remainder, and ragged units sorted together pad less. Computed for the text benchmark's 600 mixed lines
+# (bench_text.py, 4096-token batches): 11.3% padding in 31 batches with windows of 4 batches' tokens, 7.0% in 19
+# with 16 (as with the whole corpus in one window). A prepared text or clip is small; an image's pixels are not.
+WINDOW_BATCHES = {"exact": 4, "ragged": 16}
+# A ragged batch (text, audio) pads its shorter units to its longest wasting at most this share of its tokens or
+# frames (within that, the batch plan weighs padding against the cost of one more batch).
 RAGGED_MAX_PADDING = 0.25
+# The fixed cost of one forward, as a share of the tuned work a batch: the batch plan pads a short run into its
+# neighbours' batch when that padding costs less. Measured on 2 shared cores (text model hidden 512 x 8 layers,
+# float32): one 16-token sequence took 150-240 ms, a batch of 4096 tokens 7-10 s, so a forward costs about 64-110
+# tokens of work beside its tokens, and small batches run their GEMMs far below the large ones' rate (64 tokens
+# alone: 4x the time a token of a 4096-token batch takes); 1/32 of the CPU's 8192 is 256.
+BATCH_OVERHEAD = 1 / 32
 
 
 @dataclass(frozen=True)
@@ -80,16 +98,20 @@ class Engine:
         self.device_ops = device_ops or DeviceOps.for_device(tower.device)
         self.cost_scale = 1.0  # raised when a device measures more than the model predicts
         self.measured_chunks = 0
-        # An explicit --batch-size is obeyed (under the memory cap); otherwise the chunk is tuned for speed.
-        self.tuner = ChunkTuner() if batch_cap is None else None
+        # An explicit --batch-size is obeyed (under the memory cap); otherwise the work per batch is tuned for speed,
+        # from a size that is fast on its own: the memory plan's on an accelerator, CPU_START (or less) on a CPU.
+        unit = getattr(tower, "length_unit", "units")
+        start = CPU_START if tower.device.type == "cpu" else None
+        self.tuner = BatchTuner(start=start, unit=unit) if batch_cap is None else None
         self.backoffs = 0
         self.should_stop = should_stop or (lambda: None)  # raises to stop between chunks
         self.work_done = 0  # units' length encoded, after the first chunk
         self.work_seconds = 0.0
+        self.real_work = 0  # every batch's units' lengths summed, and the same padded to each batch's longest
+        self.padded_work = 0
         self._warm = False
         self._warned = False  # the budget-below-one-unit warning was given
         self._peak = 0  # the run's peak allocated device memory so far (peaks are reset per chunk)
-        self._caps: dict[str, int] = {}  # per length class: the memory cap its last chunk ran under
         self.device_ops.reset_peak()
 
     def plan(self, length: int) -> ChunkPlan:
@@ -100,10 +122,26 @@ class Engine:
         return ChunkPlan(length, cost, free, total, budget, memory.chunk_size(cost, budget, self.batch_cap))
 
     def grouping(self) -> Callable[[list[int]], list[Group]]:
-        """How units may share a batch: equal lengths only (vision), or ragged with capped padding (audio)."""
-        if self.tower.grouping == "exact":
-            return exact_buckets
-        return lambda lengths: ragged_groups(lengths, RAGGED_MAX_PADDING)
+        """How units may share a batch: equal lengths only (vision), or one group sorted longest first (text,
+        audio) that `run` cuts into batches padded within `RAGGED_MAX_PADDING`."""
+        return exact_buckets if self.tower.grouping == "exact" else longest_first
+
+    def padding_share(self) -> float:
+        """The share of the work computed so far that was padding."""
+        return 1.0 - self.real_work / self.padded_work if self.padded_work else 0.0
+
+    def chunking(self) -> dict:
+        """The summary's `chunking` for this stage: the tuner's choice and why (or the fixed --batch-size), and
+        the share of the computed work that was padding."""
+        if self.tuner is None:
+            reason = f"fixed by --batch-size {self.batch_cap} (under the memory cap)"
+            report: dict = {"fixed": self.batch_cap, "reason": reason}
+        else:
+            report = self.tuner.report()
+        if self.tower.grouping != "exact":
+            unit = getattr(self.tower, "length_unit", "units")
+            report["padding"] = f"{100 * self.padding_share():.1f}% of the {unit} computed"
+        return report
 
     def peak_device_memory(self) -> int | None:
         """The most device memory live tensors held at any point of the run (weights included); None where the
@@ -156,27 +194,36 @@ class Engine:
         )
 
     def run(self, units: list[Unit], group: Group, keys: list[str], on_rows: RowsCallback) -> None:
-        """Encode the group's units, planned at its (padded) length. After every chunk, `on_rows(index, rows)`
+        """Encode the group's units (sorted longest first when ragged) in the batches `BatchPlan` cuts, each at
+        most what the memory plan admits at its own longest length. After every batch, `on_rows(index, rows)`
         receives each unit's rows on the CPU, or its failure, so finished items can leave at once."""
-        indices = group.indices
-        plan = self.plan(group.length)
-        cap = plan.chunk  # the memory cap; lowered for this group by an out-of-memory back-off
         if self.reporter:
-            self.reporter.chunk_planned(plan, len(indices))
+            plan = self.plan(group.length)
+            self.reporter.chunk_planned(plan, len(group.indices))
             self._warn_if_budget_below_one_unit(plan)
-        pending = list(indices)
-        while pending:
+        indices = group.indices
+        lengths = [units[i].length for i in indices]
+        max_padding = RAGGED_MAX_PADDING if self.tower.grouping != "exact" else 0.0
+        backoff: int | None = None  # after an out-of-memory error: the work a batch of this group may hold
+        plans: dict[tuple, BatchPlan] = {}
+        position = 0
+        while position < len(indices):
             self.should_stop()
-            size = self.tuner.size(group.length, cap) if self.tuner else cap
-            self._caps[class_name(length_class(group.length))] = cap
-            batch_ix = tuple(pending[:size])
+            head = lengths[position]
+            rows = self._memory_rows(head, backoff)
+            target = self.tuner.size(rows * max(1, head)) if self.tuner else None
+            key = (target, backoff, self.cost_scale)  # a plan holds while its limits do
+            if key not in plans:
+                plans[key] = self._batch_plan(lengths, target, backoff, max_padding)
+            end = plans[key].next_cut(position)
+            batch_ix = indices[position:end]
             batch = [units[i] for i in batch_ix]
             out_of_memory = isolate = False
             failure: ItemError | None = None
             try:
                 started = time.perf_counter()
-                rows = self._encode(batch)
-                self._measured(group.length, batch, time.perf_counter() - started, cap)
+                rows_out = self._encode(batch)
+                self._measured(batch, time.perf_counter() - started, target)
             except Exception as exc:  # noqa: BLE001 - every failure becomes a record, a retry or a stop
                 if is_fatal_device_error(exc):
                     raise self._device_failed(exc) from exc
@@ -186,26 +233,56 @@ class Engine:
                     isolate = True  # find the unit that fails so the others still get encoded
                 else:
                     failure = ItemError.wrap(keys[batch_ix[0]], "encode", exc)
-            # Past the handler the exception and its traceback are gone, and with them the failed chunk's
+            # Past the handler the exception and its traceback are gone, and with them the failed batch's
             # activations: only now can the allocator's cache give that memory back.
             if out_of_memory:
-                cap = max(1, len(batch) // 2)
+                work = len(batch) * head
+                backoff = work // 2
                 if self.tuner:
-                    self.tuner.limit(group.length, len(batch))
+                    self.tuner.limit(work)
                 self.backoffs += 1
                 self._release_cache()
                 if self.reporter:
-                    self.reporter.note(f"out of memory at chunk {len(batch)}: retrying with chunk {cap}")
+                    retry = max(1, backoff // max(1, head))
+                    self.reporter.note(f"out of memory at chunk {len(batch)}: retrying with chunk {retry}")
                 continue
             if isolate:
-                rows = [self._run_single(units, i, keys) for i in batch_ix]
+                rows_out = [self._run_single(units, i, keys) for i in batch_ix]
             elif failure is not None:
-                rows = [failure]
+                rows_out = [failure]
                 self._release_cache()
-            pending = pending[len(batch_ix) :]
-            for i, r in zip(batch_ix, rows, strict=True):
+            position = end
+            for i, r in zip(batch_ix, rows_out, strict=True):
                 on_rows(i, r)
         # A back-off holds for the rest of this group only: the next group plans again from free memory.
+
+    def _memory_rows(self, length: int, backoff: int | None) -> int:
+        """Units of this length a batch may hold: the memory plan's (and --batch-size's), and after an
+        out-of-memory error no more than its back-off."""
+        rows = self.plan(length).chunk
+        return rows if backoff is None else min(rows, max(1, backoff // max(1, length)))
+
+    def _batch_plan(self, lengths: list[int], target: int | None, backoff: int | None, padding: float) -> BatchPlan:
+        """How to cut a group: within the memory plan (read once, now), `target` work a batch when tuned; an
+        explicit --batch-size cuts the fewest batches (each as full as the memory and the padding cap allow)."""
+        free, total = self.device_ops.memory()
+        budget = memory.budget(free, total, self.budget_spec)
+        rows_by_length: dict[int, int] = {}
+
+        def rows_at(length: int) -> int:
+            if length not in rows_by_length:
+                cost = int(self.tower.unit_cost(length) * self.cost_scale)
+                rows = memory.chunk_size(cost, budget, self.batch_cap)
+                if backoff is not None:
+                    rows = min(rows, max(1, backoff // max(1, length)))
+                if target is not None:
+                    rows = min(rows, max(1, target // max(1, length)))
+                rows_by_length[length] = rows
+            return rows_by_length[length]
+
+        # Tuned: a forward's fixed cost, in work. Fixed: more than any padding could cost, so fewer batches win.
+        overhead = target * BATCH_OVERHEAD if target is not None else len(lengths) * max(lengths, default=0) + 1
+        return BatchPlan(lengths, rows_at, overhead, padding)
 
     def _warn_if_budget_below_one_unit(self, plan: ChunkPlan) -> None:
         """An explicit --memory-budget smaller than one unit cannot be kept: chunks of 1 run over it. Say so
@@ -218,38 +295,35 @@ class Engine:
                 f"the budget"
             )
 
-    def _measured(self, length: int, batch: list[Unit], seconds: float, cap: int) -> None:
-        """Feed one chunk's time to the tuner and to the rate that sizes decode windows."""
+    def _measured(self, batch: list[Unit], seconds: float, target: int | None) -> None:
+        """Feed one batch's time to the tuner and to the rate that sizes decode windows."""
         work = sum(u.length for u in batch)
+        padded = len(batch) * max(u.length for u in batch)
+        self.real_work += work
+        self.padded_work += padded
         if self.tuner:
-            self.tuner.record(length, len(batch), work, seconds, cap)
+            # A batch speaks for the size it was cut for when it holds at least half of it: a group's short last
+            # batch does not.
+            self.tuner.record(target, work, seconds, full=2 * padded >= target)
         if self._warm:  # the first chunk pays one-off costs (allocator, thread pools, kernels)
             self.work_done += work
             self.work_seconds += seconds
         self._warm = True
 
-    def chunking(self, batch_size: int | None) -> dict:
-        """The run summary's `chunking`: per length class, the size chosen, the rates measured and, in words, why
-        that size (`reason`); with --batch-size, that size."""
-        if self.tuner is None:
-            return {"fixed": batch_size, "reason": f"fixed by --batch-size {batch_size} (under the memory cap)"}
-        report = self.tuner.report()
-        return {name: {**entry, "reason": chunk_reason(entry, self._caps.get(name))} for name, entry in report.items()}
-
     def work_per_second(self) -> float:
         """Measured encode rate in units' length (patches, frames) per second; 0 before it is known."""
         return self.work_done / self.work_seconds if self.work_seconds > 0 else 0.0
 
-    def next_chunk(self) -> int:
-        """The chunk size the engine wants to run next (fixed, or the largest the tuner probes or chose)."""
-        if self.tuner is None:
-            return self.batch_cap or 1
-        return self.tuner.largest_wanted()
-
     def enough_work(self, units: int, work: int, seconds: float) -> bool:
-        """Whether a window of `units` units and `work` summed length keeps the device busy for about
-        `seconds` at the measured rate, and fills at least one chunk of the size wanted next."""
-        return units >= self.next_chunk() and work >= self.work_per_second() * seconds
+        """Whether a window of `units` units and `work` summed length keeps the device busy for about `seconds` at
+        the measured rate, and fills `WINDOW_BATCHES` batches of the size wanted next (the tuned work, or
+        --batch-size units)."""
+        batches = WINDOW_BATCHES["exact" if self.tower.grouping == "exact" else "ragged"]
+        if self.tuner is None:
+            full = units >= batches * (self.batch_cap or 1)
+        else:
+            full = work >= batches * (self.tuner.current or self.tuner.start or 1)
+        return full and work >= self.work_per_second() * seconds
 
     def _run_single(self, units: list[Unit], i: int, keys: list[str]) -> torch.Tensor | ItemError:
         failure = None
@@ -337,18 +411,3 @@ def encode_chain_list(
     results: list = [None] * len(items)
     encode_chain(engines, feeds, items, keys, results.__setitem__)
     return results
-
-
-def chunk_reason(entry: dict, cap: int | None) -> str:
-    """Why a length class runs at the chunk size its report says (`chosen`, `settled`, `rate_per_s` by size), in
-    words a user can check against the rates: still exploring, capped by memory, or the fastest measured."""
-    chosen, rates = int(entry["chosen"]), {int(size): rate for size, rate in entry["rate_per_s"].items()}
-    fastest = max(rates, key=lambda size: rates[size]) if rates else None
-    if not entry["settled"]:
-        so_far = f" (fastest so far: {fastest})" if fastest is not None else ""
-        return f"still exploring: the run ended before a full chunk of {chosen} was measured{so_far}"
-    if cap is not None and chosen >= cap and chosen == max(rates, default=chosen):
-        return f"capped by memory: {chosen} is the largest chunk the memory cap allows, so no larger size was tried"
-    if chosen == fastest:
-        return f"fastest measured: {chosen}"
-    return f"fastest measured: {chosen} is within {1 - TIE:.0%} of the fastest ({fastest}) and needs less memory"

@@ -22,6 +22,9 @@ from gemma_embed.models.base import PreparedItem, Preparer, Tower
 # Prepared video frames are float32 patches (about 2 MB a frame at 70 soft tokens): a video window is sized in
 # frames, not the pipeline's default count of items, so host memory stays flat.
 VIDEO_WINDOW_FRAMES = 512
+# A prepared line of text is its token ids (a few KB): a text window may hold thousands of lines, which short lines
+# need to make seconds of encode work and batches of equal lengths (the engine closes a window at that work).
+TEXT_WINDOW_ITEMS = 8192
 
 # A later stage's input for one item, from the item and the previous stage's rows (ValueError: it cannot be formed).
 Feed = Callable[[PreparedItem, Any], PreparedItem]
@@ -105,4 +108,6 @@ def audio_stages(preparer: Preparer, chain: list[Stage], sample_rate: int) -> Mo
 def text_stages(preparer: Preparer, chain: list[Stage]) -> ModalityStages:
     from gemma_embed.sources.text import decode_text
 
-    return ModalityStages(Modality.text, decode_text, preparer, chain, pools=(Pool.none,))
+    return ModalityStages(
+        Modality.text, decode_text, preparer, chain, pools=(Pool.none,), window_items=TEXT_WINDOW_ITEMS
+    )

@@ -182,7 +182,7 @@ def _finish(config, part, writer, route, result, reporter, skipped, captured, en
     peaks = [p for p in (e.peak_device_memory() for e in route.engines) if p is not None]
     result.peak_device_memory = max(peaks) if peaks else None
     result.oom_backoffs = sum(e.backoffs for e in route.engines)
-    result.chunking = route.chunking(config.batch_size)
+    result.chunking = route.chunking()
     reporter.finish(result.finish())
     return result
 
@@ -281,7 +281,8 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pr
         "chunking": (
             f"fixed at --batch-size {config.batch_size} (under each bucket's memory cap)"
             if config.batch_size
-            else "tuned at run time: the fastest measured size within each bucket's memory cap"
+            else "tuned at run time: the work a batch (tokens, patches, frames) that measures fastest, within "
+            "each batch's memory cap"
         ),
     }
     reporter.show_plan(result)
@@ -298,10 +299,10 @@ def _require_input(config: RunConfig, stdin, skipped: Counter, plan: bool = Fals
 
 
 def _find(config: RunConfig, stdin=None, skipped: Counter | None = None) -> Iterator[Source]:
-    """The find stage: files, folders, stdin lists, tar shards, parquet files and a --dataset; for text, the
-    lines of files (or stdin), or whole files."""
+    """The find stage: files, folders, stdin lists, tar shards, parquet and JSON-lines files and a --dataset; for
+    text, the lines of files (or stdin), or whole files, and the rows of tables and of a --dataset."""
     if config.modality == "text":
-        return iter_text_sources(config.inputs, stdin, config.per_file, config.ext, skipped)
+        return iter_text_sources(config.inputs, stdin, config.per_file, config.ext, skipped, config.collection)
     return iter_sources(
         config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped, config.collection
     )

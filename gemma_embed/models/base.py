@@ -35,6 +35,7 @@ class Tower(Protocol):
     """An encoder tower plus its projection into the language model's space."""
 
     grouping: str  # "exact": only equal lengths share a batch; "ragged": padded with a mask
+    length_unit: str  # what a unit's length counts ("patches", "frames", "tokens"): batches are sized in it
     device: Any
     dtype: Any
 
@@ -71,6 +72,7 @@ class EncoderTower:
     """
 
     grouping = "exact"
+    length_unit = "patches"
     # (part name, key prefixes to try in order) for the encoder and for its projection.
     parts: tuple[tuple[str, tuple[str, ...]], tuple[str, tuple[str, ...]]] = ()
 

@@ -220,6 +220,7 @@ class EmbeddingGemma2TextTower:
     """
 
     grouping = "ragged"
+    length_unit = "tokens"
 
     def __init__(
         self,

@@ -62,6 +62,7 @@ class Gemma3nAudioTower(EncoderTower):
     """Gemma 3n audio encoder + projection over ragged, zero-padded batches (see the module note)."""
 
     grouping = "ragged"
+    length_unit = "frames"
     parts = (("audio_tower", ("model.audio_tower.",)), ("embed_audio", ("model.embed_audio.",)))
 
     def __init__(self, checkpoint, device, dtype, load: bool = True):

@@ -29,6 +29,7 @@ class Gemma4AudioTower(EncoderTower):
     """Gemma 4 audio encoder + projection over ragged, zero-padded batches."""
 
     grouping = "ragged"
+    length_unit = "frames"
     # EmbeddingGemma 2 stores the same tower without the "model." prefix.
     parts = (
         ("audio_tower", ("model.audio_tower.", "audio_tower.")),

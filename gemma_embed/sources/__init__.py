@@ -6,11 +6,13 @@ Every kind of input yields the same `Source` (a key, a file path or the item's o
 - `files.py`: files as given, folders walked for the extensions the command's decoders read, lists of paths on
   stdin, brace patterns (`shards/{00000..00999}.tar`);
 - `tar.py`: tar shards (webdataset's layout), streamed member by member: `SHARD:MEMBER`;
-- `table.py`: rows of `.parquet` files and of a Hugging Face dataset (`--dataset`), by `--column`: `FILE:ROW`.
+- `table.py`: rows of `.parquet` and JSON-lines files and of a Hugging Face dataset (`--dataset`), by `--column`:
+  `FILE:ROW`;
+- `expand.py`: which found file is a collection, for every command (the text command's other files are lines).
 
-For the media commands a `.tar` file is read as a shard and a `.parquet` file as a table (folder walks take parquet
-files when `--column` is given); a `--dataset`'s rows come after the paths' items. Positions number the items in
-input order (they order the output and deal items to distributed slices).
+For the media commands a `.tar` file is read as a shard, a `.parquet` or JSON-lines file as a table (folder walks
+take tables when `--column` is given); for text, tables too. A `--dataset`'s rows come after the paths' items.
+Positions number the items in input order (they order the output and deal items to distributed slices).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from typing import IO
 from gemma_embed.config import Modality
 from gemma_embed.errors import UsageError
 from gemma_embed.interrupts import responsive
-from gemma_embed.sources import table, tar
-from gemma_embed.sources.base import MEDIA_MODALITIES, Collection, SkippedMember, Source
+from gemma_embed.sources import table
+from gemma_embed.sources.base import Collection, SkippedMember, Source
+from gemma_embed.sources.expand import Collections
 from gemma_embed.sources.files import (
     expand_braces,
     extensions,
@@ -51,25 +54,6 @@ __all__ = [
 ]
 
 
-def _walked_collections(modality: str, collection: Collection) -> frozenset[str]:
-    """The suffixes a folder walk takes as collections of items for this command: tar shards, and parquet files
-    when --column says which column holds the media. Other commands (text) read every file as itself."""
-    if modality not in MEDIA_MODALITIES:
-        return frozenset()
-    return frozenset(tar.SUFFIXES + (table.SUFFIXES if collection.column else ()))
-
-
-def _given_files(inputs: Iterable[str]) -> Iterator[Path]:
-    """The files named on the command line (not found by a walk or on stdin), brace patterns expanded."""
-    for given in inputs:
-        if given == "-":
-            continue
-        for name in expand_braces(given) if is_brace_pattern(given) else (given,):
-            path = Path(name)
-            if path.is_file():
-                yield path
-
-
 def _items(
     inputs: Iterable[str],
     modality: str,
@@ -82,30 +66,10 @@ def _items(
 ) -> Iterator[Source]:
     inputs = list(inputs)
     wanted = frozenset(ext) if ext else extensions(modality)
-    media = modality in MEDIA_MODALITIES
-    collection = collection.with_item_limit() if media else collection
-    # What would make the whole run wrong is a usage error before the first item (so before a model is loaded):
-    # a parquet file named on the command line that lacks the columns, a --dataset that cannot be opened.
-    if media and read:
-        for path in _given_files(inputs):
-            if table.is_table(path):
-                table.check_parquet(path, collection)
-    opened = table.open_dataset(collection) if collection.dataset and read else None
-    keys = table.Keys()
-    for found in find_files(inputs, wanted | _walked_collections(modality, collection), stdin, null_separated, skipped):
-        if found.error is None and media and tar.is_shard(found.path):
-            yield from tar.members(found.path, found.key, wanted, skipped, read, collection.max_item_bytes)
-        elif found.error is None and media and table.is_table(found.path):
-            if read:
-                yield from table.parquet_rows(found.path, found.key, collection, keys)
-            else:
-                yield from (
-                    Source(found.key, str(found.path)) for _ in range(table.parquet_row_count(found.path, collection))
-                )
-        else:
-            yield Source(found.key, str(found.path), error=found.error)
-    if opened is not None:
-        yield from table.dataset_rows(opened, collection, keys)
+    collections = Collections.open(inputs, modality, collection, wanted, skipped, read)
+    for found in find_files(inputs, wanted | collections.walked(), stdin, null_separated, skipped):
+        yield from collections.expand(found)
+    yield from collections.dataset_rows()
 
 
 def iter_sources(

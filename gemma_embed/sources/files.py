@@ -134,12 +134,17 @@ class Found:
     error: str | None = None
 
 
+def _double_suffix(name: str) -> str:
+    """`.jsonl.gz` of `a.jsonl.gz` (compressed files are known by their last two suffixes)."""
+    return "".join(Path(name).suffixes[-2:]).lower()
+
+
 def _walk(folder: Path, extensions: Iterable[str], skipped: Counter | None) -> Iterator[Path]:
     for root, dirs, files in os.walk(folder, followlinks=False):
         dirs.sort()
         for name in sorted(files):
             suffix = Path(name).suffix.lower()
-            if suffix in extensions:
+            if suffix in extensions or _double_suffix(name) in extensions:  # .jpg, and .jsonl.gz
                 yield Path(root) / name
             elif skipped is not None:
                 skipped[suffix or "(none)"] += 1

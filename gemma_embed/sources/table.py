@@ -1,11 +1,19 @@
-"""Tables: rows of .parquet files (pyarrow) and of Hugging Face datasets (the optional `datasets` extra) as items.
+"""Tables: rows of .parquet files (pyarrow), JSON-lines files (.jsonl, .jsonl.gz) and Hugging Face datasets (the
+optional `datasets` extra) as items.
 
-`--column NAME` names the media. It may hold the bytes themselves (a binary column), paths of files (a string
-column; a relative path is taken from the parquet file's folder, or the dataset's), or the struct of `bytes` and
-`path` that `datasets` stores its `Image`, `Audio` and `Video` features as, in saved datasets and parquet exports
-alike (the bytes when there are some, else the path; the path's file name goes to the item's metadata as `name`
-and gives the bytes their extension). The cells reach the tool's own decoders untouched: nothing in `datasets`
-decodes them (they are read as Arrow data), so an image in a dataset becomes exactly what the same file would.
+`--column NAME` names the media, or for the text command the texts. A media column may hold the bytes themselves
+(a binary column), paths of files (a string column; a relative path is taken from the parquet file's folder, or the
+dataset's), or the struct of `bytes` and `path` that `datasets` stores its `Image`, `Audio` and `Video` features
+as, in saved datasets and parquet exports alike (the bytes when there are some, else the path; the path's file name
+goes to the item's metadata as `name` and gives the bytes their extension). The cells reach the tool's own decoders
+untouched: nothing in `datasets` decodes them (they are read as Arrow data), so an image in a dataset becomes
+exactly what the same file would. A text column holds the texts (strings, or UTF-8 bytes): a cell is one item, its
+UTF-8 bytes what a line of a text file would carry, so the same text gives the same vector and content hash
+wherever it was read; a null or blank cell fails by key (never a silent skip).
+
+JSON lines are a table whose rows are the file's records (one JSON object a line, blank lines ignored): a row is
+a record, counted from 0, and the fields are its columns. They are read a line at a time (gzip-decompressed as
+they stream for .jsonl.gz): memory holds one record. A line that is no JSON object fails by key.
 
 Rows are read a record batch of BATCH_ROWS rows at a time, row group by row group, and only the columns the run
 needs: memory holds one batch, however many rows or row groups a file has. A row group that cannot be read fails
@@ -29,6 +37,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import decimal
+import gzip
+import json
 import math
 import os
 from collections.abc import Iterator
@@ -40,12 +50,18 @@ from gemma_embed.errors import UsageError
 from gemma_embed.media import MediaBytes, NotRegularFile, regular_file
 from gemma_embed.sources.base import Source, item_too_large
 
-SUFFIXES = (".parquet",)
+PARQUET_SUFFIXES = (".parquet",)
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
+SUFFIXES = PARQUET_SUFFIXES + JSONL_SUFFIXES
 BATCH_ROWS = 16  # rows converted at a time: a batch of 16 large images is tens of MB at most
 
 
 def is_table(path: Path) -> bool:
     return path.name.lower().endswith(SUFFIXES)
+
+
+def is_json_lines(path: Path) -> bool:
+    return path.name.lower().endswith(JSONL_SUFFIXES)
 
 
 # ------------------------------------------------------------------------------------------ columns
@@ -68,19 +84,35 @@ def _media_kind(kind) -> str | None:
     return None
 
 
+def _text_kind(kind) -> str | None:
+    """'bytes' for a column type the text command reads texts from (strings, or bytes holding UTF-8)."""
+    return "bytes" if _media_kind(kind) in ("bytes", "path") else None
+
+
+def _missing_columns(names: list[str], collection: Collection) -> str | None:
+    """Why a table with these columns cannot give the run's items (--column missing or not there), or None."""
+    listed = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+    if collection.column is None:
+        what = "texts" if collection.column_holds_text else "media or file paths"
+        return f"give --column NAME, the column of {what} (its columns: {listed})"
+    for wanted in (collection.column, collection.key_column, *collection.keep_columns):
+        if wanted is not None and wanted not in names:
+            return f"no column {wanted!r} (its columns: {listed})"
+    return None
+
+
 def column_problem(schema, collection: Collection) -> str | None:
     """Why these columns cannot be read from a table with this schema (one line), or None."""
     import pyarrow as pa
 
-    names = schema.names
-    listed = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
-    if collection.column is None:
-        return f"give --column NAME, the column of media or file paths (its columns: {listed})"
-    for wanted in (collection.column, collection.key_column, *collection.keep_columns):
-        if wanted is not None and wanted not in names:
-            return f"no column {wanted!r} (its columns: {listed})"
+    missing = _missing_columns(schema.names, collection)
+    if missing:
+        return missing
     kind = schema.field(collection.column).type
-    if _media_kind(kind) is None:
+    if collection.column_holds_text:
+        if _text_kind(kind) is None:
+            return f"column {collection.column!r} holds {kind}: the text command's --column needs a column of texts"
+    elif _media_kind(kind) is None:
         return (
             f"column {collection.column!r} holds {kind}: --column needs bytes (binary), file paths (string) or a "
             f"struct of bytes and path (datasets' Image, Audio and Video features)"
@@ -135,9 +167,24 @@ class _Rows:
         for row in range(first, end):
             yield Source(self.row_key(row), self.where, error=reason)
 
+    def key_of(self, row: int, value) -> tuple[str, str | None]:
+        """The row's key and, when it cannot have one (an empty or repeated --key-column value), why not."""
+        key = self.row_key(row)
+        if self.collection.key_column is None:
+            return key, None
+        if value is None:
+            return key, f"its --key-column {self.collection.key_column!r} is empty"
+        key = str(_scalar(value))
+        if not self.keys.take(key):
+            return key, f"row {row} repeats this key (--key-column values must be unique)"
+        return key, None
+
+    def meta_of(self, row: int, kept: dict) -> dict:
+        return {"row": row, **{name: _scalar(value) for name, value in kept.items()}}
+
     def of_batch(self, batch, first: int) -> Iterator[Source]:
         column = batch.column(batch.schema.get_field_index(self.collection.column))
-        kind = _media_kind(column.type)
+        kind = _text_kind(column.type) if self.collection.column_holds_text else _media_kind(column.type)
         keyed = (
             batch.column(batch.schema.get_field_index(self.collection.key_column))
             if self.collection.key_column
@@ -153,25 +200,21 @@ class _Rows:
             path_cells = column if kind == "path" else None
         for i in range(batch.num_rows):
             row = first + i
-            key = self.row_key(row)
-            if keyed is not None:
-                value = keyed[i].as_py()
-                if value is None:
-                    yield Source(key, self.where, error=f"its --key-column {self.collection.key_column!r} is empty")
-                    continue
-                key = str(_scalar(value))
-                if not self.keys.take(key):
-                    yield Source(
-                        key, self.where, error=f"row {row} repeats this key (--key-column values must be unique)"
-                    )
-                    continue
-            meta = {"row": row, **{name: _scalar(cells[i].as_py()) for name, cells in kept.items()}}
-            yield self.item(key, row, meta, data_cells, path_cells, i, column[i].is_valid)
+            key, why = self.key_of(row, keyed[i].as_py() if keyed is not None else None)
+            if why is not None:
+                yield Source(key, self.where, error=why)
+                continue
+            meta = self.meta_of(row, {name: cells[i].as_py() for name, cells in kept.items()})
+            # The cell's bytes as Arrow's own buffer (no copy): measured before the one copy into the item.
+            valid = column[i].is_valid
+            data = data_cells[i].as_buffer() if data_cells is not None and valid else None
+            name = path_cells[i].as_py() if path_cells is not None and valid else None
+            yield self.item(key, row, meta, data, name)
 
-    def item(self, key: str, row: int, meta: dict, data_cells, path_cells, i: int, valid: bool) -> Source:
-        # The cell's bytes as Arrow's own buffer (no copy): measured before the one copy into the item.
-        data = data_cells[i].as_buffer() if data_cells is not None and valid else None
-        name = path_cells[i].as_py() if path_cells is not None and valid else None
+    def item(self, key: str, row: int, meta: dict, data, name: str | None) -> Source:
+        """The row's item from its cell: `data` (a buffer with `.size`, or bytes) or a path `name`."""
+        if self.collection.column_holds_text:
+            return self.text_item(key, row, meta, data)
         if data is not None:
             limit = self.collection.max_item_bytes
             if limit is not None and data.size > limit:
@@ -196,6 +239,21 @@ class _Rows:
             why = "not a file" if path.exists() else "no such file or directory"
             return Source(key, str(path), error=f"row {row} names {path}: {why}")
         return Source(key, str(path), meta=meta)
+
+    def text_item(self, key: str, row: int, meta: dict, data) -> Source:
+        """A text cell as an item carrying its UTF-8 bytes, as a line of a text file carries its own; a null or
+        blank cell fails by key."""
+        column = self.collection.column
+        if data is None:
+            return Source(key, self.where, error=f"row {row} has no text (column {column!r} is null)")
+        size = data.size if hasattr(data, "size") else len(data)
+        limit = self.collection.max_item_bytes
+        if limit is not None and size > limit:
+            return Source(key, self.where, error=f"row {row}: {item_too_large(size, limit, 'its cell')}")
+        text = data.to_pybytes() if hasattr(data, "to_pybytes") else bytes(data)
+        if not text.strip():
+            return Source(key, self.where, error=f"row {row} has no text (column {column!r} is blank)")
+        return Source(key, self.where, data=text, meta=meta)
 
     def inside(self, path: Path) -> bool:
         """Whether a path cell's file lies under the table's folder, links resolved (a path that does not exist
@@ -270,6 +328,89 @@ def parquet_row_count(path: Path, collection: Collection) -> int:
     except Exception:  # noqa: BLE001
         return 1
     return 1 if column_problem(table.schema_arrow, collection) else table.metadata.num_rows
+
+
+# ------------------------------------------------------------------------------------------ JSON lines
+
+
+def _open_json_lines(path: Path):
+    """The file's lines as bytes, decompressed as they stream for .jsonl.gz."""
+    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
+
+
+def _records(path: Path) -> Iterator[tuple[int, dict | str]]:
+    """(row, record) for every line that is not blank, or (row, why it is no record); rows count from 0."""
+    with _open_json_lines(path) as fh:
+        row = 0
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError
+                yield row, f"row {row} is not JSON ({_one_line(exc)})"
+            else:
+                yield row, record if isinstance(record, dict) else f"row {row} is not a JSON object"
+            row += 1
+
+
+def check_json_lines(path: Path, collection: Collection) -> None:
+    """UsageError (naming the file) when its first record lacks the run's columns: checked before a model is
+    loaded, for files named on the command line (a later record without them fails by key)."""
+    try:
+        first = next(_records(path), None)
+    except (OSError, EOFError) as exc:
+        raise UsageError(f"{path}: not a readable JSON-lines file ({_one_line(exc)})") from None
+    fields = list(first[1]) if first is not None and isinstance(first[1], dict) else []
+    problem = _missing_columns(fields, collection) if fields or collection.column is None else None
+    if problem:
+        raise UsageError(f"{path}: {problem}")
+
+
+def json_lines_rows(path: Path, file_key: str, collection: Collection, keys: Keys) -> Iterator[Source]:
+    """The items of one JSON-lines file, in order, one record read at a time; a record that is no JSON object, or
+    whose --column field is missing or holds no string, fails by key; a file cut short fails the rest by its key."""
+    try:
+        regular_file(path, "a JSON-lines file")
+    except NotRegularFile as exc:
+        yield Source(file_key, str(path), error=str(exc))
+        return
+    except OSError:
+        pass  # opening it says why
+    rows = _Rows(collection, keys, str(path), file_key, path.parent)
+    column = collection.column
+    if column is None:
+        yield Source(file_key, str(path), error="give --column NAME, the field that holds each record's item")
+        return
+    try:
+        for row, record in _records(path):
+            if isinstance(record, str):
+                yield Source(rows.row_key(row), str(path), error=record)
+                continue
+            key, why = rows.key_of(row, record.get(collection.key_column) if collection.key_column else None)
+            if why is not None:
+                yield Source(key, str(path), error=why)
+                continue
+            meta = rows.meta_of(row, {name: record.get(name) for name in collection.keep_columns})
+            cell = record.get(column)
+            if cell is not None and not isinstance(cell, str):
+                yield Source(key, str(path), error=f"row {row}: field {column!r} holds {type(cell).__name__}, not text")
+                continue
+            if collection.column_holds_text:
+                yield rows.text_item(key, row, meta, cell.encode("utf-8") if cell is not None else None)
+            else:
+                yield rows.item(key, row, meta, None, cell)
+    except (OSError, EOFError) as exc:
+        yield Source(file_key, str(path), error=f"cannot read it to the end ({_one_line(exc)})")
+
+
+def json_lines_row_count(path: Path) -> int:
+    """How many items the file gives (its records: lines that are not blank)."""
+    try:
+        with _open_json_lines(path) as fh:
+            return sum(1 for line in fh if line.strip())
+    except (OSError, EOFError):
+        return 1
 
 
 # ------------------------------------------------------------------------------------------ datasets

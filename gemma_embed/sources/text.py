@@ -1,4 +1,5 @@
-"""Text for EmbeddingGemma 2: every line of a text file (or of stdin) is one item, or every file with --per-file.
+"""Text for EmbeddingGemma 2: every line of a text file (or of stdin) is one item, or every file with --per-file;
+every row of a table (parquet, JSON lines, a --dataset: the cell of --column, sources/table.py) is one item.
 
 Keys are `FILE:LINE` (1-based; FILE as the file's own key would be: as given, or relative to a walked folder) and
 `stdin:LINE` for lines read from `-`. Line breaks are not part of an item; blank lines are no items (their numbers
@@ -15,8 +16,9 @@ from typing import IO
 
 from gemma_embed.interrupts import responsive
 from gemma_embed.media import NotRegularFile, regular_file
-from gemma_embed.sources.base import Source
-from gemma_embed.sources.files import TEXT_EXTENSIONS, process_stdin, split_stream
+from gemma_embed.sources.base import Collection, Source
+from gemma_embed.sources.expand import Collections
+from gemma_embed.sources.files import TEXT_EXTENSIONS, find_files, process_stdin, split_stream
 
 
 def numbered_lines(stream: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
@@ -33,18 +35,26 @@ def iter_text_sources(
     per_file: bool = False,
     ext: Iterable[str] | None = None,
     skipped: Counter | None = None,
+    collection: Collection | None = None,
 ) -> Iterator[Source]:
-    """Text items in input order, lazily: files and walked folders through `iter_sources`, `-` as lines. A run's
-    stop signal ends a wait for the next line however long it blocks (`interrupts.responsive`)."""
-    return responsive(_text_sources(inputs, stdin, per_file, ext, skipped))
+    """Text items in input order, lazily: lines of files and walked folders, `-` as lines, the rows of tables
+    (parquet and JSON-lines files with --column, sources/expand.py) and then of a --dataset. A run's stop signal
+    ends a wait for the next line however long it blocks (`interrupts.responsive`). A table or --dataset that
+    cannot give the run's items is a UsageError before the first item."""
+    inputs = list(inputs)
+    walked = frozenset(ext) if ext else TEXT_EXTENSIONS
+    collections = Collections.open(inputs, "text", collection or Collection(), walked, skipped)
+    return responsive(_text_sources(inputs, stdin, per_file, walked, skipped, collections))
 
 
 def _text_sources(
-    inputs: Iterable[str], stdin: IO | None, per_file: bool, ext: Iterable[str] | None, skipped: Counter | None
+    inputs: list[str],
+    stdin: IO | None,
+    per_file: bool,
+    walked: frozenset[str],
+    skipped: Counter | None,
+    collections: Collections,
 ) -> Iterator[Source]:
-    from gemma_embed.sources import iter_sources  # the package's entry point, which imports this module's peers
-
-    walked = tuple(ext) if ext else tuple(sorted(TEXT_EXTENSIONS))
     position = 0
 
     def numbered(source: Source) -> Source:
@@ -54,22 +64,22 @@ def _text_sources(
 
     pending: list[str] = []
 
+    def lines(file: Source) -> Iterator[Source]:
+        try:
+            regular_file(file.path, "a text file")
+            with open(file.path, "rb") as fh:
+                for line_number, line in numbered_lines(fh):
+                    yield Source(f"{file.key}:{line_number}", file.path, data=line, meta={"line": line_number})
+        except NotRegularFile as exc:
+            yield replace(file, error=str(exc))
+        except OSError as exc:
+            yield replace(file, error=f"cannot read: {exc.strerror or exc}")
+
     def files() -> Iterator[Source]:
-        for file in iter_sources(pending, "text", ext=walked, skipped=skipped):
-            if file.error is not None or per_file:
-                yield numbered(file)
-                continue
-            try:
-                regular_file(file.path, "a text file")
-                with open(file.path, "rb") as fh:
-                    for line_number, line in numbered_lines(fh):
-                        yield numbered(
-                            Source(f"{file.key}:{line_number}", file.path, data=line, meta={"line": line_number})
-                        )
-            except NotRegularFile as exc:
-                yield numbered(replace(file, error=str(exc)))
-            except OSError as exc:
-                yield numbered(replace(file, error=f"cannot read: {exc.strerror or exc}"))
+        for found in find_files(pending, walked | collections.walked(), None, False, skipped):
+            whole_file = found.error is None and not collections.is_collection(found.path)
+            for item in collections.expand(found):
+                yield from map(numbered, lines(item) if whole_file and not per_file else (item,))
         pending.clear()
 
     for given in inputs:
@@ -77,10 +87,11 @@ def _text_sources(
             pending.append(given)
             continue
         yield from files()
-        lines = split_stream(process_stdin(), b"\n") if stdin is None else _binary(stdin)
-        for line_number, line in numbered_lines(lines):
+        stream = split_stream(process_stdin(), b"\n") if stdin is None else _binary(stdin)
+        for line_number, line in numbered_lines(stream):
             yield numbered(Source(f"stdin:{line_number}", "-", data=line, meta={"line": line_number}))
     yield from files()
+    yield from map(numbered, collections.dataset_rows())
 
 
 def _binary(stream) -> IO[bytes]:

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 from helpers import EXE, ROOT, SAMPLE_MODEL, SLOW_EXE, record_batches, run_images, write_image
 
 import gemma_embed
+from gemma_embed.config import DEFAULT_MODELS
 from gemma_embed.models.gemma4 import Gemma4VisionTower
 
 SAMPLE_IMAGES = ROOT / "samples" / "media" / "images"
@@ -319,14 +321,16 @@ def test_a_budget_below_one_unit_is_a_warning_with_the_cost(tmp_path):
     assert warnings[0].endswith(" MiB: units run one at a time, over the budget")
 
 
-@pytest.mark.parametrize("command", ["images", "video", "audio", "plan", "inspect"])
+@pytest.mark.parametrize("command", ["images", "video", "audio", "text", "plan", "inspect"])
 def test_help_fits_80_columns(command):
     proc = _cli(command, "--help", env={"COLUMNS": "80"})
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and len(lines) <= 80, len(lines)
     assert all(len(line) <= 80 for line in lines)
     assert "…" not in proc.stdout and "<bool>" not in proc.stdout and "{PATH" not in proc.stdout
-    assert "[default: google/gemma-4-e2b-it]" in proc.stdout or command == "inspect"
+    # Each embedding command shows its own default model (text: an embedding checkpoint); plan takes --modality's.
+    shown = re.findall(r"\[default: (google/[\w.-]+)\]", proc.stdout)
+    assert shown == ([DEFAULT_MODELS[command]] if command in DEFAULT_MODELS else []), shown
 
 
 def test_inspect_shows_paths_in_a_stable_order_and_fails_in_one_line(tmp_path):

@@ -1,91 +1,100 @@
-"""The chunk tuner keeps the fastest measured size within the memory cap, per length class (timings simulated)."""
+"""The batch tuner decides on repeated timings, not on one sample (timings simulated, noise seeded)."""
 
 from __future__ import annotations
 
-from gemma_embed.tuning import ChunkTuner, length_class
+import random
 
-LENGTH = 630  # patches of a 70-token image
+import pytest
+
+from gemma_embed.tuning import CPU_START, BatchTuner
+
+SEEDS = range(300)
 
 
-def drive(tuner: ChunkTuner, seconds_per_unit, cap: int = 1000, chunks: int = 20, length: int = LENGTH):
+def drive(tuner: BatchTuner, rate_of, cap: int, batches: int, seed: int, noise: float = 0.3) -> list[int]:
+    """Run `batches` batches through the tuner; a batch of work w runs at rate_of(w) times a uniform +-noise."""
+    rng = random.Random(seed)
     sizes = []
-    for _ in range(chunks):
-        n = tuner.size(length, cap)
-        sizes.append(n)
-        tuner.record(length, n, n * length, n * seconds_per_unit(n), cap)
+    for _ in range(batches):
+        size = tuner.size(cap)
+        sizes.append(size)
+        rate = rate_of(size) * rng.uniform(1 - noise, 1 + noise)
+        tuner.record(size, size, size / rate)
     return sizes
 
 
-def test_gpu_like_scaling_grows_until_it_stops_paying():
-    # Per-unit time falls with batch size until 16, then flattens (a saturated device).
-    tuner = ChunkTuner()
-    sizes = drive(tuner, lambda n: 1.0 / min(n, 16))
-    assert tuner.search(LENGTH).settled == 16
-    assert sizes[-1] == 16 and max(sizes) == 64  # probed two sizes past the knee, then settled back
+# Where 4 beats 1 by 40% (the shape issue 22 measured, whose one-sample tuner settled on 1).
+RATES = {1: 1.0, 2: 1.2, 4: 1.4}
 
 
-def test_a_gain_that_comes_after_a_flat_doubling_is_found():
-    # Measured on a 2-core CPU with AMX, release-size tower in bf16 at 70 tokens: patches/s at 1, 2 and 4 images a
-    # chunk (+3% at 2, then +45%); flat beyond.
-    rate = {1: 1380.0, 2: 1420.0, 4: 2004.0}
-    tuner = ChunkTuner()
-    tuner.record(LENGTH, 1, LENGTH, 10.0, 64)  # the warm-up chunk
-    drive(tuner, lambda n: LENGTH / rate.get(n, 2004.0), cap=64)
-    assert tuner.search(LENGTH).settled == 4
+def test_noise_of_thirty_percent_never_moves_it_below_the_memory_plans_size():
+    # The memory plan admits 4: the search starts there, and +-30% noise on every batch never takes it down.
+    for seed in SEEDS:
+        tuner = BatchTuner()
+        sizes = drive(tuner, RATES.get, cap=4, batches=120, seed=seed)
+        assert tuner.current == 4 and tuner.comparison is None, (seed, tuner.report())
+        assert set(sizes[-20:]) == {4} and set(sizes) <= {2, 4}, seed  # 2 was tried, dropped, and 1 never run
 
 
-def test_cpu_like_scaling_stays_at_one():
-    # Batching makes each unit slower (as measured for realistic towers on 2 cores).
-    tuner = ChunkTuner()
-    drive(tuner, lambda n: 1.0 + 0.1 * (n - 1))
-    assert tuner.search(LENGTH).settled == 1
+def test_from_a_size_of_one_it_climbs_to_four_through_the_noise():
+    for seed in SEEDS:
+        tuner = BatchTuner(start=1)
+        drive(tuner, RATES.get, cap=4, batches=400, seed=seed)
+        assert tuner.current == 4 and tuner.comparison is None, (seed, tuner.report())
 
 
-def test_memory_cap_bounds_probing_and_choice():
-    tuner = ChunkTuner()
-    sizes = drive(tuner, lambda n: 1.0 / n, cap=6)
-    assert max(sizes) <= 6 and tuner.search(LENGTH).settled == 6 and sizes[-1] == 6  # the cap, being fastest
+def test_a_gain_is_taken_quickly_when_the_machine_is_quiet():
+    # A GPU-like curve: twice the work, twice the rate up to 64, flat after; 2% noise.
+    tuner = BatchTuner(start=4)
+    drive(tuner, lambda w: min(w, 64), cap=1024, batches=120, seed=0, noise=0.02)
+    assert tuner.current in (64, 128)
 
 
-def test_first_chunk_is_warm_up_and_oom_limits():
-    tuner = ChunkTuner()
-    tuner.record(LENGTH, 1, 100, 100.0, 64)  # a slow first call must not count against size 1
-    assert tuner.search(LENGTH).rates == {}
-    tuner.record(LENGTH, 1, 100, 1.0, 64)
-    tuner.record(LENGTH, 2, 200, 1.0, 64)
-    assert tuner.search(LENGTH).probe == 4
-    tuner.limit(LENGTH, 4)  # out of memory at 4
-    assert tuner.size(LENGTH, 64) == 2
-    report = tuner.report()["512-1023"]
-    assert report["chosen"] == 2 and set(report["rate_per_s"]) == {"1", "2"}
+def test_a_cpu_that_slows_on_big_batches_comes_down():
+    # Rates fall 25% a doubling above 4096 (caches): halving pays, so it moves down and stays.
+    def rate(w):
+        return 1000.0 * (0.75 ** max(0, (w // 4096).bit_length() - 1)) if w >= 4096 else 1000.0
+
+    tuner = BatchTuner(start=16384)
+    drive(tuner, rate, cap=1 << 20, batches=200, seed=1, noise=0.1)
+    assert tuner.current <= 4096
 
 
-def gpu_seconds(units: int, length: int) -> float:
-    """A simulated GPU that is latency-bound below 10080 patches per forward and throughput-bound above: one
-    1120-token image (10080 patches) fills it, 70-token frames (630 patches) need 16 per forward to."""
-    return max(0.05, units * length / 200_000)
+def test_the_start_is_clipped_to_the_memory_plan_and_to_a_power_of_two():
+    tuner = BatchTuner(start=CPU_START)
+    assert tuner.size(3000) <= 3000 and tuner.current == 2048
+    assert BatchTuner().size(100) in (64, 100) and BatchTuner().size(100) <= 100
 
 
-def test_long_and_short_buckets_settle_on_their_own_sizes():
-    long, short = 10080, 630  # 1120-token images and 70-token video frames, in alternating groups
-    assert length_class(long) != length_class(short)
-    tuner = ChunkTuner()
-    sizes: dict[int, list[int]] = {long: [], short: []}
-    for _ in range(12):
-        for length in (long, short):
-            for _chunk in range(2):
-                n = tuner.size(length, cap=256)
-                sizes[length].append(n)
-                tuner.record(length, n, n * length, gpu_seconds(n, length), cap=256)
-    assert tuner.search(long).settled == 1  # batching long images buys nothing once one fills the device
-    assert tuner.search(short).settled == 16  # short frames want the device filled: 16 x 630 patches
-    assert sizes[long][-1] == 1 and sizes[short][-1] == 16
-    assert set(tuner.report()) == {"512-1023", "8192-16383"}
+def test_the_first_batch_is_never_counted_and_short_batches_speak_for_no_size():
+    tuner = BatchTuner(start=8)
+    tuner.size(64)
+    tuner.record(8, 8, 100.0)  # the run's first batch: one-off costs
+    assert tuner.rates == {}
+    tuner.record(8, 2, 1.0, full=False)  # a group's short last batch
+    assert tuner.rates == {}
+    tuner.record(8, 8, 1.0)
+    assert tuner.rates[8].values == [8.0]
 
-    # An out-of-memory error at 16 short frames limits short frames only.
-    tuner.limit(short, 16)
-    assert tuner.size(short, cap=256) == 8
-    tuner.limit(long, 2)
-    assert tuner.size(long, cap=256) == 1 and tuner.size(short, cap=256) == 8
-    # A length within a factor of two shares its class's search (594-patch frames of another aspect ratio).
-    assert tuner.size(594, cap=256) == 8
+
+def test_out_of_memory_lowers_the_size_for_good():
+    tuner = BatchTuner(start=64)
+    assert tuner.size(1024) == 64
+    tuner.limit(64)
+    assert tuner.current == 32 and max(drive(tuner, lambda w: w, cap=1024, batches=50, seed=0)) <= 32
+
+
+@pytest.mark.parametrize("cap", [4, 1 << 20])
+def test_the_report_says_what_was_chosen_and_why_in_measured_numbers(cap):
+    tuner = BatchTuner(start=4, unit="tokens")
+    drive(tuner, RATES.get if cap == 4 else (lambda w: 1.0), cap=cap, batches=80, seed=3)
+    report = tuner.report()
+    assert report["chosen"] == tuner.current and report["unit"] == "tokens a batch"
+    # Every size named with its median rate and how many batches measured it; the chosen one first.
+    assert report["reason"].split(": ", 1)[1].startswith(f"{tuner.current}: ")
+    assert "tokens/s over" in report["reason"]
+    if cap == 4:
+        assert report["reason"].startswith("capped by memory") and report["decided"][0].startswith("kept 4 over 2")
+    for size, rates in tuner.rates.items():
+        assert f"{size}: {rates.median():.0f} tokens/s over {len(rates.values)} batches" in report["reason"]
+    assert BatchTuner().report()["reason"] == "nothing run yet"

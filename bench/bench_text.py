@@ -1,0 +1,235 @@
+"""Text: gemma-embed's `Embedder.encode` against `SentenceTransformer.encode` on a random EmbeddingGemma 2 text model.
+
+    python -m bench.bench_text [--lines 600] [--rounds 3] [--corpora short,medium,mixed] [--busy off,on]
+
+The checkpoint is random, at a realistic width: text model hidden 512 x 8 layers (7 sliding layers with a 512-token
+window, then 1 full), built by samples/make_tiny_checkpoint.py's builder and written by transformers and
+sentence-transformers themselves. Three corpora of `--lines` lines, words drawn from the tokenizer's own training
+sentences (a word is one or two tokens, as with a real tokenizer):
+- short: tweets, 1-50 words, log-normal with median 12;
+- medium: passages, 30-200 words, median 80;
+- mixed: 1-300 words, log-normal with median 20 (issue 22's corpus).
+Each side runs in its own fresh process (its peak RSS, VmHWM, is its own), model loaded before the timer, the sides
+rotated in every round:
+- sentence-transformers: `SentenceTransformer(ckpt).encode(lines)` at its default batch size (32), and at its best
+  batch size on that corpus (one run each of `--st-batch-sizes`, 8, 16, 64 and 128, first; the fastest kept);
+- gemma-embed: `Embedder(ckpt).encode(lines)` (windows, token-budget batches, the tuner), its summary's chunking
+  printed.
+`--busy on` repeats the rounds with one busy process (`python -c "while True: pass"`) sharing the cores, started
+before each round and killed by its PID after. Printed per corpus: items/s, tokens/s, padding share (tokens
+computed that were padding: sentence-transformers' measured on the attention masks its Transformer module gets),
+peak RSS, and the largest relative difference of each side's vectors to each text encoded alone (the reference:
+sentence-transformers at batch size 1, over the first `--alone-lines` lines); then the median over rounds of
+gemma-embed's items/s over each sentence-transformers side's. The machine's load moves absolute numbers a lot
+(other work shares its cores): the ratios, from rounds that alternate the sides, are what compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import Timer, emit, peak_rss, run_child
+
+SIZES = {"text_hidden": 512, "text_layers": 8, "sliding_window": 512}
+CORPORA = {  # (median words, log-normal sigma, fewest, most)
+    "short": (12, 0.6, 1, 50),
+    "medium": (80, 0.3, 30, 200),
+    "mixed": (20, 1.0, 1, 300),
+}
+ST_DEFAULT = 32
+ST_CANDIDATES = (8, 16, 64, 128)
+
+
+def write_corpus(path: Path, kind: str, lines: int, seed: int = 0) -> None:
+    from make_tiny_checkpoint import EG2_CORPUS
+
+    words = sorted({w for sentence in EG2_CORPUS for w in sentence.split() if w.isascii() and w.strip(".,")})
+    median, sigma, fewest, most = CORPORA[kind]
+    rng = np.random.default_rng(seed)
+    counts = np.clip(np.rint(rng.lognormal(np.log(median), sigma, lines)), fewest, most).astype(int)
+    path.write_text("".join(" ".join(rng.choice(words, n)) + "\n" for n in counts))
+
+
+def read_lines(path: str) -> list[str]:
+    return Path(path).read_text().splitlines()
+
+
+def child_st(ckpt: str, corpus: str, out: str, batch_size: str) -> dict:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(ckpt, device="cpu")
+    lines = read_lines(corpus)
+    computed = {"real": 0, "padded": 0}
+
+    def count_padding(module, args):  # the attention mask of every batch the Transformer module runs
+        mask = args[0]["attention_mask"]
+        computed["real"] += int(mask.sum())
+        computed["padded"] += int(mask.numel())
+
+    model[0].register_forward_pre_hook(count_padding)
+    with Timer() as embed:
+        vectors = model.encode(lines, batch_size=int(batch_size))
+    np.save(out, vectors)
+    return {
+        "embed_s": embed.seconds,
+        "items": len(lines),
+        "peak_rss": peak_rss(),
+        "padding": 1 - computed["real"] / max(1, computed["padded"]),
+    }
+
+
+def child_ours(ckpt: str, corpus: str, out: str, batch_size: str) -> dict:
+    from gemma_embed import Embedder
+
+    options = {} if batch_size == "auto" else {"batch_size": int(batch_size)}
+    embedder = Embedder(ckpt, device="cpu", **options)
+    route = embedder.load("text")
+    lines = read_lines(corpus)
+    with Timer() as embed:
+        vectors = embedder.encode(lines, modality="text")
+    np.save(out, vectors)
+    engine = route.engines[0]
+    return {
+        "embed_s": embed.seconds,
+        "items": len(lines),
+        "peak_rss": peak_rss(),
+        "padding": engine.padding_share(),
+        "chunking": route.chunking(),
+    }
+
+
+def token_counts(ckpt: str, corpus: Path) -> list[int]:
+    """Tokens of each line as both sides feed the model (the checkpoint's chat template and prompt)."""
+    from gemma_embed.models.embeddinggemma2 import EmbeddingGemma2Preparer
+    from gemma_embed.models.loading import resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(ckpt)
+    preparer = EmbeddingGemma2Preparer(checkpoint, "text")
+    return [preparer.prepare(line).units[0].length for line in read_lines(str(corpus))]
+
+
+def worst_difference(vectors: np.ndarray, reference: np.ndarray) -> float:
+    return float((np.linalg.norm(vectors - reference, axis=1) / np.linalg.norm(reference, axis=1)).max())
+
+
+def busy_process() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lines", type=int, default=600)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--corpora", default="short,medium,mixed")
+    parser.add_argument("--busy", default="off,on")
+    parser.add_argument("--alone-lines", type=int, default=100, help="lines encoded alone for the reference")
+    parser.add_argument("--st-batch-sizes", default=",".join(map(str, ST_CANDIDATES)), help="tried for ST's best")
+    parser.add_argument("--st-best", type=int, help="ST's best batch size, known from an earlier run: no search")
+    parser.add_argument("--busy-rounds", type=int, help="rounds with the busy process (default: --rounds)")
+    parser.add_argument("--child", nargs=5, metavar=("SIDE", "CKPT", "CORPUS", "OUT", "BATCH"))
+    args = parser.parse_args()
+    if args.child:
+        side, ckpt, corpus, out, batch = args.child
+        emit((child_st if side == "st" else child_ours)(ckpt, corpus, out, batch))
+        return
+
+    import platform
+
+    import torch
+    from make_tiny_checkpoint import build_embeddinggemma2
+
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    flags = sorted({f for f in ("amx_bf16", "amx_tile", "avx512_bf16") if f in Path("/proc/cpuinfo").read_text()})
+    with tempfile.TemporaryDirectory(prefix="bench-text-") as tmp:
+        tmp = Path(tmp)
+        ckpt = str(build_embeddinggemma2(tmp / "ckpt", seed=0, vision=False, audio=False, **SIZES))
+        print(
+            f"# {cpu}, {torch.get_num_threads()} threads, flags {', '.join(flags) or 'none of amx/avx512_bf16'}; "
+            f"torch {torch.__version__}; random EmbeddingGemma 2 text model hidden {SIZES['text_hidden']} x "
+            f"{SIZES['text_layers']} layers, float32; {args.lines} lines a corpus, {args.rounds} rounds",
+            flush=True,
+        )
+
+        def run(side: str, corpus: Path, batch: str, tag: str) -> tuple[dict, np.ndarray]:
+            out = tmp / f"{tag}.npy"
+            record = run_child("bench_text", "--child", side, ckpt, str(corpus), str(out), batch)
+            return record, np.load(out)
+
+        for kind in args.corpora.split(","):
+            corpus = tmp / f"{kind}.txt"
+            write_corpus(corpus, kind, args.lines)
+            tokens = sum(token_counts(ckpt, corpus))
+            # The reference: the first lines, each alone (no padding), as sentence-transformers encodes them.
+            first = tmp / f"{kind}-first.txt"
+            first.write_text("".join(f"{line}\n" for line in read_lines(str(corpus))[: args.alone_lines]))
+            alone = run("st", first, "1", f"{kind}-alone")[1]
+            candidates = [int(b) for b in args.st_batch_sizes.split(",")] if args.st_best is None else []
+            tried = {b: run("st", corpus, str(b), f"{kind}-st{b}")[0]["embed_s"] for b in candidates}
+            best = min(tried, key=tried.get) if tried else args.st_best
+            print(
+                f"\n## {kind}: {args.lines} lines, {tokens} tokens ({tokens / args.lines:.0f} a line); "
+                f"sentence-transformers' best batch size here: {best} "
+                f"({', '.join(f'{b}: {s:.1f} s' for b, s in tried.items()) or 'given'}; "
+                f"default {ST_DEFAULT} in the rounds)",
+                flush=True,
+            )
+            print(
+                f"{'load':>5} {'side':>24} {'items/s':>8} {'tokens/s':>9} {'padding':>8} {'peak RSS MiB':>13} "
+                f"{'vs alone':>9}"
+            )
+            sides = {"st": ("st", str(ST_DEFAULT)), "st-best": ("st", str(best)), "ours": ("ours", "auto")}
+            for busy in args.busy.split(","):
+                runs: dict[str, list[tuple[dict, np.ndarray]]] = {name: [] for name in sides}
+                rounds = args.busy_rounds if busy == "on" and args.busy_rounds else args.rounds
+                for r in range(rounds):
+                    names = list(sides)[r % 3 :] + list(sides)[: r % 3]  # rotated: no side always first
+                    hog = busy_process() if busy == "on" else None
+                    try:
+                        for name in names:
+                            side, batch = sides[name]
+                            runs[name].append(run(side, corpus, batch, f"{kind}-{name}"))
+                    finally:
+                        if hog is not None:
+                            hog.kill()
+                            hog.wait()
+                labels = {"st": f"ST batch {ST_DEFAULT}", "st-best": f"ST batch {best}", "ours": "gemma-embed"}
+                for name in sides:
+                    rates = [rec["items"] / rec["embed_s"] for rec, _ in runs[name]]
+                    rec = runs[name][0][0]
+                    worst = max(worst_difference(vectors[: len(alone)], alone) for _, vectors in runs[name])
+                    print(
+                        f"{'busy' if busy == 'on' else 'quiet':>5} {labels[name]:>24} {statistics.median(rates):>8.1f} "
+                        f"{statistics.median(rates) * tokens / args.lines:>9.0f} {100 * rec['padding']:>7.1f}% "
+                        f"{max(r['peak_rss'] for r, _ in runs[name]) / 2**20:>13.0f} {worst:>9.1e}"
+                    )
+                for name in ("st", "st-best"):
+                    ratios = [
+                        ours["embed_s"] and theirs["embed_s"] / ours["embed_s"]
+                        for (ours, _), (theirs, _) in zip(runs["ours"], runs[name], strict=True)
+                    ]
+                    print(
+                        f"{'busy' if busy == 'on' else 'quiet':>5} {'ratio':>24} gemma-embed "
+                        f"{statistics.median(ratios):.2f}x the items/s of {labels[name]} "
+                        f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})"
+                    )
+                chunking = runs["ours"][-1][0]["chunking"]
+                print(json.dumps({"corpus": kind, "busy": busy, "chunking": chunking}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Text from tables: a parquet file (two row groups), JSON lines (plain and gzipped) and a saved Hugging Face dataset
+give the same vectors as the same texts one per line of a text file, keyed by --key-column, other columns kept by
+--keep-columns; null and blank cells are failures named by their key, never silent skips."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from helpers import ROOT, items_by_key, rel_error, run_images
+
+import gemma_embed
+
+EG2 = ROOT / "samples" / "tiny-embeddinggemma2"
+TEXTS = [
+    "a cat sleeps on a warm windowsill",
+    "stock markets fell sharply on tuesday after the report",
+    "how do I bake sourdough bread",
+    "the quick brown fox",
+    "embeddings map text, images and audio into one space for search",
+    "red car",
+]
+IDS = [f"doc-{i}" for i in range(len(TEXTS))]
+LABELS = [10 * i for i in range(len(TEXTS))]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """The texts one per line of a text file, embedded: each text's vector."""
+    root = tmp_path_factory.mktemp("text-tables")
+    lines = root / "lines.txt"
+    lines.write_text("".join(f"{t}\n" for t in TEXTS))
+    out = root / "lines.safetensors"
+    code, _, err = run_images([lines], EG2, out, modality="text")
+    assert code == 0, err
+    vectors = gemma_embed.load(out)
+    return {"root": root, "vectors": [vectors[f"{lines}:{n}"] for n in range(1, len(TEXTS) + 1)]}
+
+
+def _assert_same_vectors(out, keys: list[str], reference: dict) -> None:
+    ours = gemma_embed.load(out)
+    assert list(ours) == keys
+    for key, expected in zip(keys, reference["vectors"], strict=True):
+        assert rel_error(ours[key], expected) < 1e-6, key
+
+
+def test_parquet_rows_in_two_row_groups_give_the_vectors_of_the_same_lines(reference):
+    path = reference["root"] / "texts.parquet"
+    pq.write_table(pa.table({"text": TEXTS, "id": IDS, "label": LABELS}), path, row_group_size=3)
+    assert pq.ParquetFile(path).num_row_groups == 2
+    out = reference["root"] / "parquet.safetensors"
+    code, _, err = run_images([path], EG2, out, modality="text", column="text", key_column="id", keep_columns="label")
+    assert code == 0, err
+    _assert_same_vectors(out, IDS, reference)
+    items = items_by_key(out)
+    assert [(items[k]["row"], items[k]["label"]) for k in IDS] == list(enumerate(LABELS))
+    # Without --key-column: FILE:ROW, rows from 0 over the whole file.
+    code, _, err = run_images([path], EG2, out, modality="text", column="text")
+    assert code == 0, err
+    _assert_same_vectors(out, [f"{path}:{row}" for row in range(len(TEXTS))], reference)
+
+
+@pytest.mark.parametrize("name", ["texts.jsonl", "texts.jsonl.gz"])
+def test_json_lines_give_the_vectors_of_the_same_lines(reference, name):
+    path = reference["root"] / name
+    records = "".join(
+        json.dumps({"id": i, "body": t, "label": n, "extra": {"nested": True}}) + "\n\n"  # a blank line: no record
+        for i, t, n in zip(IDS, TEXTS, LABELS, strict=True)
+    )
+    path.write_bytes(gzip.compress(records.encode()) if name.endswith(".gz") else records.encode())
+    out = reference["root"] / f"{name}.safetensors"
+    code, _, err = run_images([path], EG2, out, modality="text", column="body", key_column="id", keep_columns="label")
+    assert code == 0, err
+    _assert_same_vectors(out, IDS, reference)
+    assert [items_by_key(out)[k]["label"] for k in IDS] == LABELS
+
+
+def test_a_saved_dataset_split_gives_the_vectors_of_the_same_lines(reference):
+    datasets = pytest.importorskip("datasets")  # the [datasets] extra; installed with [test]
+    folder = reference["root"] / "saved"
+    rows = datasets.Dataset.from_dict({"text": TEXTS, "id": IDS, "label": LABELS})
+    datasets.DatasetDict({"train": rows.select(range(2)), "test": rows}).save_to_disk(str(folder))
+    out = reference["root"] / "dataset.safetensors"
+    code, _, err = run_images(
+        [], EG2, out, modality="text", dataset=str(folder), split="test", column="text", keep_columns="id,label"
+    )
+    assert code == 0, err
+    keys = [f"{folder}:test:{row}" for row in range(len(TEXTS))]
+    _assert_same_vectors(out, keys, reference)
+    items = items_by_key(out)
+    assert [(items[k]["id"], items[k]["label"]) for k in keys] == list(zip(IDS, LABELS, strict=True))
+
+
+def test_null_and_blank_cells_fail_by_key_and_the_other_rows_are_written(reference):
+    path = reference["root"] / "holes.parquet"
+    texts = [TEXTS[0], None, "   ", TEXTS[3]]
+    pq.write_table(pa.table({"text": pa.array(texts, pa.string()), "id": IDS[:4]}), path)
+    out = reference["root"] / "holes.safetensors"
+    code, records, err = run_images([path], EG2, out, modality="text", column="text", key_column="id")
+    assert code == 1
+    failed = {r["key"]: r["message"] for r in records if r.get("status") == "failed"}
+    assert set(failed) == {"doc-1", "doc-2"}, records
+    assert "is null" in failed["doc-1"] and "is blank" in failed["doc-2"]
+    assert "error: doc-1:" in err and "error: doc-2:" in err
+    assert list(gemma_embed.load(out)) == ["doc-0", "doc-3"]
+
+
+def test_a_table_without_its_column_is_one_usage_error_before_the_model_loads(reference, tmp_path):
+    path = tmp_path / "texts.parquet"
+    pq.write_table(pa.table({"body": TEXTS}), path)
+    from gemma_embed.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"give --column NAME, the column of texts \(its columns: body\)"):
+        run_images([path], tmp_path / "no-model-needed", tmp_path / "o.safetensors", modality="text")
+    jsonl = tmp_path / "texts.jsonl"
+    jsonl.write_text(json.dumps({"body": "x"}) + "\n")
+    with pytest.raises(UsageError, match=r"no column 'text' \(its columns: body\)"):
+        run_images([jsonl], tmp_path / "no-model", tmp_path / "o.safetensors", modality="text", column="text")
