@@ -1,11 +1,13 @@
-"""Text: gemma-embed's `Embedder.encode` against `SentenceTransformer.encode` on a random EmbeddingGemma 2 text model.
+"""Text: gemma-embed's `Embedder.encode` against `SentenceTransformer.encode` on a random EmbeddingGemma (2) model.
 
-    python -m bench.bench_text [--lines 600] [--rounds 3] [--corpora short,medium,mixed] [--busy off,on]
+    python -m bench.bench_text [--family embeddinggemma2|embeddinggemma] [--lines 600] [--rounds 3]
+                               [--corpora short,medium,mixed] [--busy off,on]
 
-The checkpoint is random, at a realistic width: text model hidden 512 x 8 layers (7 sliding layers with a 512-token
-window, then 1 full), built by samples/make_tiny_checkpoint.py's builder and written by transformers and
-sentence-transformers themselves. Three corpora of `--lines` lines, words drawn from the tokenizer's own training
-sentences (a word is one or two tokens, as with a real tokenizer):
+The checkpoint is random, at a realistic width: text model hidden 512 x 8 layers (sliding layers with a 512-token
+window, and full ones), built by samples/make_tiny_checkpoint.py's builder of the family and written by
+transformers and sentence-transformers themselves (EmbeddingGemma: a bidirectional Gemma 3 text model with
+max_seq_length 2048 and its Dense 512 -> 2048 -> 512 head). Three corpora of `--lines` lines, words drawn from the
+tokenizer's own training sentences (a word is one or two tokens, as with a real tokenizer):
 - short: tweets, 1-50 words, log-normal with median 12;
 - medium: passages, 30-200 words, median 80;
 - mixed: 1-300 words, log-normal with median 20 (issue 22's corpus).
@@ -108,12 +110,29 @@ def child_ours(ckpt: str, corpus: str, out: str, batch_size: str) -> dict:
 
 def token_counts(ckpt: str, corpus: Path) -> list[int]:
     """Tokens of each line as both sides feed the model (the checkpoint's chat template and prompt)."""
+    from gemma_embed.models.embeddinggemma import EmbeddingGemmaPreparer, is_embeddinggemma
     from gemma_embed.models.embeddinggemma2 import EmbeddingGemma2Preparer
     from gemma_embed.models.loading import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(ckpt)
-    preparer = EmbeddingGemma2Preparer(checkpoint, "text")
+    if is_embeddinggemma(checkpoint):
+        preparer = EmbeddingGemmaPreparer(checkpoint)
+    else:
+        preparer = EmbeddingGemma2Preparer(checkpoint, "text")
     return [preparer.prepare(line).units[0].length for line in read_lines(str(corpus))]
+
+
+def build_checkpoint(family: str, folder: Path) -> str:
+    from make_tiny_checkpoint import build_embeddinggemma, build_embeddinggemma2
+
+    if family == "embeddinggemma":
+        sizes = {"text_hidden": SIZES["text_hidden"], "text_layers": SIZES["text_layers"]}
+        built = build_embeddinggemma(
+            folder, seed=0, max_seq_length=2048, sliding_window=SIZES["sliding_window"], dense_dims=(2048, 512), **sizes
+        )
+    else:
+        built = build_embeddinggemma2(folder, seed=0, vision=False, audio=False, **SIZES)
+    return str(built)
 
 
 def worst_difference(vectors: np.ndarray, reference: np.ndarray) -> float:
@@ -126,6 +145,7 @@ def busy_process() -> subprocess.Popen:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=["embeddinggemma2", "embeddinggemma"], default="embeddinggemma2")
     parser.add_argument("--lines", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--corpora", default="short,medium,mixed")
@@ -144,7 +164,6 @@ def main() -> None:
     import platform
 
     import torch
-    from make_tiny_checkpoint import build_embeddinggemma2
 
     cpu = next(
         (
@@ -157,10 +176,11 @@ def main() -> None:
     flags = sorted({f for f in ("amx_bf16", "amx_tile", "avx512_bf16") if f in Path("/proc/cpuinfo").read_text()})
     with tempfile.TemporaryDirectory(prefix="bench-text-") as tmp:
         tmp = Path(tmp)
-        ckpt = str(build_embeddinggemma2(tmp / "ckpt", seed=0, vision=False, audio=False, **SIZES))
+        ckpt = build_checkpoint(args.family, tmp / "ckpt")
+        family = "EmbeddingGemma" if args.family == "embeddinggemma" else "EmbeddingGemma 2"
         print(
             f"# {cpu}, {torch.get_num_threads()} threads, flags {', '.join(flags) or 'none of amx/avx512_bf16'}; "
-            f"torch {torch.__version__}; random EmbeddingGemma 2 text model hidden {SIZES['text_hidden']} x "
+            f"torch {torch.__version__}; random {family} text model hidden {SIZES['text_hidden']} x "
             f"{SIZES['text_layers']} layers, float32; {args.lines} lines a corpus, {args.rounds} rounds",
             flush=True,
         )

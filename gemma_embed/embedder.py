@@ -252,24 +252,48 @@ class Embedder:
         from gemma_embed.pooling import pool_rows
 
         pool = Pool(pool if pool is not None else self.config.pool)
-        to_encode = []
-        for p in batch:
+        to_encode: list[Prepared] = []
+        at: list[int] = []  # each item to encode: its place in the window
+        # An item that failed to decode is passed on once every item before it in the window is: records keep
+        # input order around a failure, and --on-error stop ends the run with the items before the bad one saved
+        # (the window's encodes come after its decodes, so reported at once it would stop them all).
+        held: dict[int, ItemError] = {}
+        passed = [False] * len(batch)
+        cursor = 0
+
+        def pass_on_held() -> None:
+            nonlocal cursor
+            while cursor < len(batch):
+                if cursor in held:
+                    passed[cursor] = True
+                    sink.failed(held.pop(cursor))
+                if not passed[cursor]:
+                    return
+                cursor += 1
+
+        for place, p in enumerate(batch):
             if p.reuse is not None:
+                passed[place] = True
                 sink.reused(p)
             elif p.error is not None:
-                sink.failed(p.error)
+                held[place] = p.error
             else:
                 to_encode.append(p)
+                at.append(place)
+        pass_on_held()
 
         def finished(index: int, rows) -> None:
             p = to_encode[index]
+            passed[at[index]] = True
             if isinstance(rows, ItemError):
                 sink.failed(rows, p.warnings)
             else:
                 sink.done(p, pool_rows(rows, pool, p.item.rows_per_unit))
+            pass_on_held()
 
         feeds = [stage.feed for stage in route.stages.chain]
         encode_chain(route.engines, feeds, [p.item for p in to_encode], [p.source.key for p in to_encode], finished)
+        pass_on_held()
         to_encode.clear()
 
     # ------------------------------------------------------------------------------------------ in memory

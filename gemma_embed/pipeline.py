@@ -281,8 +281,7 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pr
         "chunking": (
             f"fixed at --batch-size {config.batch_size} (under each bucket's memory cap)"
             if config.batch_size
-            else "tuned at run time: the work a batch (tokens, patches, frames) that measures fastest, within "
-            "each batch's memory cap"
+            else "tuned at run time: the fastest work a batch, under each batch's memory cap"
         ),
     }
     reporter.show_plan(result)

@@ -26,6 +26,7 @@ back to the driver, which writes the tool's own output (parts, --resume by conte
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -396,10 +397,30 @@ class _StagesSeen:
 class _RayRoute:
     stages: _StagesSeen
     actors: int
+    batch_size: int | None = None  # --batch-size, or None: each actor's own tuner
     engines: tuple = ()  # none here: the actors' engines (peaks, back-offs) stay on the cluster
 
-    def chunking(self, batch_size: int | None) -> dict:
-        return {"ray": {"actors": self.actors, "batch_size": batch_size or "auto (per actor)"}}
+    def chunking(self) -> dict:
+        return {"ray": {"actors": self.actors, "batch_size": self.batch_size or "auto (per actor)"}}
+
+
+@contextlib.contextmanager
+def _signal_handlers_kept():
+    """`ray.init` installs its own SIGTERM handler in the driver: the run's (or the caller's) handlers are put
+    back, so a SIGTERM still saves what is done (interrupts.py) and the library takes nothing over."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 class ClusterError(DeviceError):
@@ -444,7 +465,8 @@ class RayEmbedder:
             return
         address = None if self.config.ray in (None, RAY_DEFAULT) else self.config.ray
         try:
-            ray.init(address=address, log_to_driver=False, include_dashboard=False, configure_logging=False)
+            with _signal_handlers_kept():
+                ray.init(address=address, log_to_driver=False, include_dashboard=False, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise UsageError(
                 f"--ray {self.config.ray}: cannot reach a Ray cluster: {' '.join(str(exc).split())}"
@@ -452,7 +474,8 @@ class RayEmbedder:
 
     def load(self, modality: str | Modality, **options: Any) -> _RayRoute:
         d = self.described
-        return _RayRoute(_StagesSeen(d["space"], d["width"], _Preparer(d["preprocessing"])), self.actors)
+        stages = _StagesSeen(d["space"], d["width"], _Preparer(d["preprocessing"]))
+        return _RayRoute(stages, self.actors, self.config.batch_size)
 
     def embed_stream(
         self,

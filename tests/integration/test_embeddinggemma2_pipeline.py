@@ -165,7 +165,8 @@ def test_search_finds_the_item_a_query_repeats_in_every_form(tmp_path):
     assert made.returncode == 0, made.stderr
     table = _cli("search", index, LINES[2], "--html", tmp_path / "hits.html")
     assert table.returncode == 0, table.stderr
-    header, first = table.stdout.splitlines()[:2]
+    scoring, header, first = table.stdout.splitlines()[:3]
+    assert scoring.startswith("prompt: query") and "scoring: cosine" in scoring
     assert header.split() == ["rank", "score", "key", "path"]
     assert first.split()[:3] == ["1", "1.0000", "stdin:3"]  # the same text, embedded the same way
 

@@ -188,7 +188,11 @@ def test_a_window_is_handed_on_early_when_the_next_item_needs_the_room_it_holds(
     modality = FakeModality(hold_s=0.0)
     sources = _sources([(300, 250)] * 9)
     windows = list(prepared_stream(modality, sources, workers=4, window_items=100, host_budget=1000))
-    assert [len(w) for w in windows] == [3, 3, 3]
+    # Never more than the room holds in one window (100 items are allowed), none lost, in input order. Where
+    # exactly a window is cut depends on which decode thread finishes first: [3, 3, 3] on a quiet machine, and
+    # [3, 3, 2, 1] was seen on a loaded one.
+    sizes = [len(w) for w in windows]
+    assert max(sizes) == 3 and sum(sizes) == 9 and len(sizes) >= 3
     assert _keys(windows) == [s.key for s in sources]
 
 
