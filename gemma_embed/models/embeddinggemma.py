@@ -29,8 +29,8 @@ import torch
 from gemma_embed.errors import CheckpointError, UsageError
 from gemma_embed.memory import text_sequence_cost
 from gemma_embed.models.base import PreparedItem, Unit
-from gemma_embed.models.loading import Checkpoint, load_part
-from gemma_embed.models.st_head import SentenceHead, token_batch
+from gemma_embed.models.loading import Checkpoint
+from gemma_embed.models.st_head import SentenceTextTower, token_batch
 from gemma_embed.models.st_inputs import (
     InputFormer,
     SentenceTransformerSetup,
@@ -112,14 +112,14 @@ class EmbeddingGemmaPreparer:
         return ids[mask].to(torch.long), pool_from
 
 
-class EmbeddingGemmaTextTower:
+class EmbeddingGemmaTextTower(SentenceTextTower):
     """Token units -> Gemma3TextModel (bidirectional, SDPA) -> mean pooling -> Dense modules -> Normalize ->
     optional Matryoshka truncation (`dim`: 768, 512, 256, 128 for the real model). One vector per unit.
 
     Units are grouped as ragged batches (sorted by length, padding capped), right-padded with the attention
     mask: a real token keeps its position, padded keys are masked, pooling counts real tokens only."""
 
-    grouping = "ragged"
+    part = ("text model", TEXT_MODEL_PREFIXES)
 
     def __init__(
         self,
@@ -137,50 +137,12 @@ class EmbeddingGemmaTextTower:
             )
         refuse_float16(dtype)
         config = checkpoint.config
-        config._attn_implementation = "sdpa"  # sentence-transformers' default through from_pretrained
-        self.checkpoint = checkpoint
-        self.config = config
-        self.device = torch.device(device)
-        self.dtype = dtype
-        self.setup = setup or read_sentence_transformers(checkpoint)
-        self.head = SentenceHead(checkpoint, self.setup, self.device, config.hidden_size, dim)
-        self.dim, self.width = self.head.dim, self.head.width
-        self.pad_id = int(config.pad_token_id or 0)
-        self.output_dims = {"retrieval": self.head.width}
-        self.model = None
-        if load:
-            self.load()
+        self._setup(checkpoint, config, device, dtype, setup, config.hidden_size, dim, load)
 
-    def load(self) -> None:
-        """The text model and the Dense modules (once)."""
+    def build_model(self) -> torch.nn.Module:
         from transformers import Gemma3TextModel
 
-        if self.model is not None:
-            return
-        self.model = load_part(
-            self.checkpoint,
-            "text model",
-            TEXT_MODEL_PREFIXES,
-            lambda: Gemma3TextModel(self.config),
-            self.dtype,
-            self.device,
-        )
-        self.head.load()
-
-    def weight_bytes(self) -> int:
-        """Bytes of the text model and the Dense modules: measured once loaded, else built on the meta device."""
-        from transformers import Gemma3TextModel
-
-        from gemma_embed.memory import resident_bytes
-        from gemma_embed.models.loading import built_bytes
-
-        if self.model is not None:
-            return resident_bytes(self) + self.head.weight_bytes()
-        return built_bytes(lambda: Gemma3TextModel(self.config), self.dtype) + self.head.weight_bytes()
-
-    @property
-    def element_size(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return Gemma3TextModel(self.config)
 
     def unit_cost(self, length: int) -> int:
         cfg = self.config

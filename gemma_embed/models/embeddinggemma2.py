@@ -41,8 +41,8 @@ from gemma_embed.memory import text_sequence_cost
 from gemma_embed.models.base import PreparedItem, Unit
 from gemma_embed.models.gemma4 import resized_size, trim_vision_inputs
 from gemma_embed.models.gemma4_audio import gemma4_audio_rows
-from gemma_embed.models.loading import Checkpoint, load_part
-from gemma_embed.models.st_head import SentenceHead, token_batch
+from gemma_embed.models.loading import Checkpoint
+from gemma_embed.models.st_head import SentenceTextTower, token_batch
 from gemma_embed.models.st_inputs import (
     MODALITIES,
     MODEL_TYPE,
@@ -209,7 +209,7 @@ def stage2_item(item: PreparedItem, rows: torch.Tensor | None) -> PreparedItem:
     return PreparedItem(units=[unit], meta=item.meta, sequence=sequence)
 
 
-class EmbeddingGemma2TextTower:
+class EmbeddingGemma2TextTower(SentenceTextTower):
     """Stage 2 as a Tower: sequences -> text model -> mean pooling -> Dense modules -> normalise -> truncate.
 
     Units are whole sequences; the engine groups them as ragged batches (sorted by length, padding capped):
@@ -219,8 +219,7 @@ class EmbeddingGemma2TextTower:
     (tests/integration/test_embeddinggemma2.py::test_padded_ragged_stage2_batches_equal_each_sequence_alone).
     """
 
-    grouping = "ragged"
-    length_unit = "tokens"
+    part = ("language_model", TEXT_MODEL_PREFIXES)
 
     def __init__(
         self,
@@ -237,53 +236,15 @@ class EmbeddingGemma2TextTower:
                 f"{checkpoint.source}: not an EmbeddingGemma 2 checkpoint "
                 f"(model type {getattr(checkpoint.config, 'model_type', '?')})"
             )
-        text_config._attn_implementation = "sdpa"  # sentence-transformers' default through from_pretrained
-        self.checkpoint = checkpoint
-        self.config = text_config
-        self.device = torch.device(device)
-        self.dtype = dtype
-        self.setup = setup or read_sentence_transformers(checkpoint)
-        self.head = SentenceHead(checkpoint, self.setup, self.device, text_config.embedding_dim, dim)
-        self.dim, self.width = self.head.dim, self.head.width
-        self.pad_id = int(text_config.pad_token_id or 0)
         config = checkpoint.config
         ids = [getattr(config, name, None) for name in ("image_token_id", "video_token_id", "audio_token_id")]
         self.multimodal_ids = torch.tensor([int(i) for i in ids if i is not None], dtype=torch.long)
-        self.output_dims = {"retrieval": self.width}
-        self.model = None
-        if load:
-            self.load()
+        self._setup(checkpoint, text_config, device, dtype, setup, text_config.embedding_dim, dim, load)
 
-    def load(self) -> None:
-        """The text model and the Dense modules (once)."""
+    def build_model(self) -> torch.nn.Module:
         from transformers.models.embedding_gemma2.modeling_embedding_gemma2 import EmbeddingGemma2TextModel
 
-        if self.model is not None:
-            return
-        self.model = load_part(
-            self.checkpoint,
-            "language_model",
-            TEXT_MODEL_PREFIXES,
-            lambda: EmbeddingGemma2TextModel(self.config),
-            self.dtype,
-            self.device,
-        )
-        self.head.load()
-
-    @property
-    def element_size(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
-
-    def weight_bytes(self) -> int:
-        """Bytes of the text model and the Dense modules: measured once loaded, else from the config."""
-        from transformers.models.embedding_gemma2.modeling_embedding_gemma2 import EmbeddingGemma2TextModel
-
-        from gemma_embed.memory import resident_bytes
-        from gemma_embed.models.loading import built_bytes
-
-        if self.model is not None:
-            return resident_bytes(self) + self.head.weight_bytes()
-        return built_bytes(lambda: EmbeddingGemma2TextModel(self.config), self.dtype) + self.head.weight_bytes()
+        return EmbeddingGemma2TextModel(self.config)
 
     def unit_cost(self, length: int) -> int:
         cfg = self.config

@@ -1,6 +1,7 @@
 """What sentence-transformers runs after its `Transformer` module, shared by the text towers of EmbeddingGemma and
-EmbeddingGemma 2: token batches padded for the text model, mean pooling over the tokens that count, the `Dense`
-modules and `Normalize` the checkpoint's modules.json lists, and the optional Matryoshka truncation.
+EmbeddingGemma 2 (`SentenceTextTower`: the text model built unloaded, loaded once, and its weight bytes): token
+batches padded for the text model, mean pooling over the tokens that count, the `Dense` modules and `Normalize` the
+checkpoint's modules.json lists, and the optional Matryoshka truncation.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from gemma_embed.models.st_inputs import (
     DenseLayer,
     SentenceTransformerSetup,
     activation_module,
+    read_sentence_transformers,
 )
 from gemma_embed.pooling import l2_normalize, truncate_dim
 
@@ -96,6 +98,59 @@ def _load_steps(checkpoint: Checkpoint, setup: SentenceTransformerSetup, device)
         module, dtypes = build_without_init(lambda step=step: DenseModule(step), torch.float32)
         steps.append(load_module(module, dtypes, tensors, relative, device))
     return steps
+
+
+class SentenceTextTower:
+    """A text model whose pooled output goes through a `SentenceHead`, as a Tower: one vector per unit (a token
+    sequence), units grouped as ragged batches. A subclass checks its checkpoint, then calls `_setup` with its text
+    config and the pooled width, and gives `part` (the name and key prefixes of its tensors), `build_model` and
+    `encode`. Built with `load=False` it has read only configs (cost model and width known); `load()` reads the
+    text model's tensors and the Dense modules, once."""
+
+    grouping = "ragged"
+    length_unit = "tokens"
+    part: tuple[str, tuple[str, ...]] = ("text model", ("",))
+
+    def _setup(self, checkpoint: Checkpoint, text_config, device, dtype, setup, model_width: int, dim, load: bool):
+        text_config._attn_implementation = "sdpa"  # sentence-transformers' default through from_pretrained
+        self.checkpoint = checkpoint
+        self.config = text_config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.setup = setup or read_sentence_transformers(checkpoint)
+        self.head = SentenceHead(checkpoint, self.setup, self.device, model_width, dim)
+        self.dim, self.width = self.head.dim, self.head.width
+        self.pad_id = int(text_config.pad_token_id or 0)
+        self.output_dims = {"retrieval": self.width}
+        self.model = None
+        if load:
+            self.load()
+
+    def build_model(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def load(self) -> None:
+        """The text model and the Dense modules (once)."""
+        from gemma_embed.models.loading import load_part
+
+        if self.model is not None:
+            return
+        name, prefixes = self.part
+        self.model = load_part(self.checkpoint, name, prefixes, self.build_model, self.dtype, self.device)
+        self.head.load()
+
+    def weight_bytes(self) -> int:
+        """Bytes of the text model and the Dense modules: measured once loaded, else built on the meta device."""
+        from gemma_embed.memory import resident_bytes
+        from gemma_embed.models.loading import built_bytes
+
+        if self.model is not None:
+            return resident_bytes(self) + self.head.weight_bytes()
+        return built_bytes(self.build_model, self.dtype) + self.head.weight_bytes()
+
+    @property
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
 
 
 def token_batch(units: list[Unit], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
