@@ -125,7 +125,7 @@ class _TableRows:
         self.table = table
         self.header = table.header
         self.first_item = table.file_items
-        self.views = [f.rows_view() for f in table.files]
+        self.views = table.views()  # mapped once per table, for every search through it
 
     def offsets(self, file: int) -> torch.Tensor:
         items = self.table.item_rows[self.table.file_items[file] : self.table.file_items[file + 1] + 1]

