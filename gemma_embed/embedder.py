@@ -218,7 +218,8 @@ class Embedder:
         engines' chunking, backoffs and peaks)."""
         route = self.load(modality, **options)
         stages, pool = route.stages, Pool(options.get("pool", self.config.pool))
-        window = max(1, min(stages.window_items or WINDOW_ITEMS, window_items or stages.window_items or WINDOW_ITEMS))
+        limit = stages.window_items or WINDOW_ITEMS  # the command's own (text: longer) or the default
+        window = max(1, min(limit, window_items or limit))
         pacer = route.pacer
         windows = prepared_stream(
             stages,

@@ -284,17 +284,26 @@ def check_parquet(path: Path, collection: Collection) -> None:
         raise UsageError(f"{path}: {problem}")
 
 
+def _not_a_regular_file(path: Path, what: str, file_key: str) -> Source | None:
+    """The table file's failure when it is no regular file (a FIFO, a device behind a link), else None; any other
+    OS error is left to opening it, which says why."""
+    try:
+        regular_file(path, what)
+    except NotRegularFile as exc:
+        return Source(file_key, str(path), error=str(exc))
+    except OSError:
+        pass
+    return None
+
+
 def parquet_rows(path: Path, file_key: str, collection: Collection, keys: Keys) -> Iterator[Source]:
     """The items of one parquet file, in row order; a file or row group that cannot be read fails by key."""
     import pyarrow as pa
 
-    try:
-        regular_file(path, "a parquet file")
-    except NotRegularFile as exc:
-        yield Source(file_key, str(path), error=str(exc))
+    refused = _not_a_regular_file(path, "a parquet file", file_key)
+    if refused is not None:
+        yield refused
         return
-    except OSError:
-        pass  # opening it says why
     try:
         table = _open_parquet(path)
         problem = column_problem(table.schema_arrow, collection)
@@ -370,13 +379,10 @@ def check_json_lines(path: Path, collection: Collection) -> None:
 def json_lines_rows(path: Path, file_key: str, collection: Collection, keys: Keys) -> Iterator[Source]:
     """The items of one JSON-lines file, in order, one record read at a time; a record that is no JSON object, or
     whose --column field is missing or holds no string, fails by key; a file cut short fails the rest by its key."""
-    try:
-        regular_file(path, "a JSON-lines file")
-    except NotRegularFile as exc:
-        yield Source(file_key, str(path), error=str(exc))
+    refused = _not_a_regular_file(path, "a JSON-lines file", file_key)
+    if refused is not None:
+        yield refused
         return
-    except OSError:
-        pass  # opening it says why
     rows = _Rows(collection, keys, str(path), file_key, path.parent)
     column = collection.column
     if column is None:

@@ -37,12 +37,10 @@ MARKER = "portrait.png"  # the item whose batch kills the encode actor (once)
 @pytest.fixture(scope="module")
 def cluster() -> str:
     """A local Ray cluster for this module's runs; its GCS address is what `--ray ADDRESS` takes."""
-    import signal
+    from gemma_embed.ray_data import _signal_handlers_kept
 
-    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # ray.init sets SIGTERM's
-    context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    for sig, handler in kept.items():
-        signal.signal(sig, handler)  # later tests (and this process) keep their own handlers
+    with _signal_handlers_kept():  # ray.init sets SIGTERM's: later tests (and this process) keep their own
+        context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # DyingEmbed travels to the actors
     try:
         yield context.address_info["gcs_address"]
