@@ -66,6 +66,7 @@ def child_ours(ckpt: str, folder: str, modality: str, out: str) -> dict:
         "items": result.ok,
         "peak_rss": peak_rss(),
         "chunking": result.chunking,
+        "cpu_threads": result.cpu_threads,
     }
 
 
@@ -133,7 +134,11 @@ def main() -> None:
                 f"largest relative difference {difference:.1e}",
                 flush=True,
             )
-            print(json.dumps({"modality": modality, "chunking": runs["ours"][-1]["chunking"]}), file=sys.stderr)
+            last = runs["ours"][-1]
+            print(
+                json.dumps({"modality": modality, "chunking": last["chunking"], "cpu_threads": last["cpu_threads"]}),
+                file=sys.stderr,
+            )
 
 
 if __name__ == "__main__":

@@ -105,6 +105,7 @@ def child_ours(ckpt: str, corpus: str, out: str, batch_size: str) -> dict:
         "peak_rss": peak_rss(),
         "padding": engine.padding_share(),
         "chunking": route.chunking(),
+        "cpu_threads": route.cpu_threads.report(),
     }
 
 
@@ -247,8 +248,13 @@ def main() -> None:
                         f"{statistics.median(ratios):.2f}x the items/s of {labels[name]} "
                         f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})"
                     )
-                chunking = runs["ours"][-1][0]["chunking"]
-                print(json.dumps({"corpus": kind, "busy": busy, "chunking": chunking}), flush=True)
+                last = runs["ours"][-1][0]
+                print(
+                    json.dumps(
+                        {"corpus": kind, "busy": busy, "chunking": last["chunking"], "cpu_threads": last["cpu_threads"]}
+                    ),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

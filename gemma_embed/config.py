@@ -332,7 +332,8 @@ def ray_address(value: str | None) -> None:
         raise ValueError(f"{value!r} is no Ray address (auto, local, HOST:PORT, ray://HOST:PORT)")
 
 
-def parse_batch_size(text: str | int | None) -> int | None:
+def parse_auto_count(text: str | int | None) -> int | None:
+    """`auto` (None: the tool decides) or a positive integer (--batch-size, --cpu-threads)."""
     if text is None or text == "auto":
         return None
     if isinstance(text, int) or (isinstance(text, str) and text.isdigit()):
@@ -426,7 +427,7 @@ class RunConfig:
     split: str | None = option(None, "The dataset's split (default: train).", commands=EMBED + PLAN, metavar="SPLIT")
     max_item_bytes: int | None = option(
         None,
-        "Largest member or cell read (default: budget/4).",
+        "Item size cap (default: budget/4).",
         commands=MEDIA + PLAN,
         panel=ROBUSTNESS,
         cli_type=str,
@@ -527,7 +528,7 @@ class RunConfig:
         panel=PERFORMANCE,
         cli_type=str,
         cli_default="auto",
-        parse=parse_batch_size,
+        parse=parse_auto_count,
         metavar="auto|N",
     )
     memory_budget: BudgetSpec = option(
@@ -539,6 +540,16 @@ class RunConfig:
         cli_default=None,
         parse=parse_budget,
         metavar="SIZE",
+    )
+    cpu_threads: int | None = option(
+        None,
+        "CPU model threads; auto: free cores.",
+        commands=EMBED,
+        panel=PERFORMANCE,
+        cli_type=str,
+        cli_default="auto",
+        parse=parse_auto_count,
+        metavar="auto|N",
     )
     workers: int = option(
         2,
@@ -574,9 +585,7 @@ class RunConfig:
         metavar="[ADDRESS]",
     )
     # Robustness ------------------------------------------------------------------------------------------
-    on_error: OnError = option(
-        OnError.skip, "skip: name a bad item; stop: end the run.", panel=ROBUSTNESS, metavar="skip|stop"
-    )
+    on_error: OnError = option(OnError.skip, "Skip a bad item (named) or stop.", panel=ROBUSTNESS, metavar="skip|stop")
     debug: bool = option(False, "Tracebacks of failed items.", commands=EMBED + PLAN, panel=ROBUSTNESS)
 
     def __post_init__(self) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gemma_embed.config import MEDIA_MODALITIES, Modality, Pool, RunConfig, Space, python_spelling
+from gemma_embed.cpu_threads import CpuThreads
 from gemma_embed.decoding import WINDOW_ITEMS, Prepared, prepared_stream
 from gemma_embed.errors import ItemError, UsageError
 from gemma_embed.modalities import ModalityStages
@@ -64,6 +65,7 @@ class Route:
     engines: list
     host: Any = None  # memory.HostPlan: the host's memory shared out (model, decode side, encode on a CPU)
     loaded: bool = False
+    cpu_threads: Any = None  # cpu_threads.CpuThreads of the engines' forwards on a CPU; None on an accelerator
 
     @property
     def pacer(self):
@@ -101,7 +103,8 @@ class Embedder:
     pooled or retrieval vectors, as `SentenceTransformer.encode` returns).
 
     Options are the command line's (RunConfig fields): `space`, `pool`, `dim`, `prompt_name`, `prompt`,
-    `max_soft_tokens`, `fps`, `max_frames`, `window_s`, `batch_size`, `memory_budget`, `workers`, `revision`.
+    `max_soft_tokens`, `fps`, `max_frames`, `window_s`, `batch_size`, `memory_budget`, `cpu_threads`, `workers`,
+    `revision`.
     """
 
     def __init__(self, model: str | os.PathLike, device: str = "auto", dtype: str = "auto", **options: Any):
@@ -162,6 +165,7 @@ class Embedder:
                 if shared is not stage.tower:
                     object.__setattr__(stage, "tower", shared)
             host = self._host_plan(stages)
+            threads = CpuThreads(config.cpu_threads) if self.device.type == "cpu" else None
             engines = [
                 Engine(
                     stage.tower,
@@ -170,10 +174,11 @@ class Embedder:
                     config.batch_size,
                     self.reporter,
                     self.should_stop,
+                    cpu_threads=threads,
                 )
                 for stage in stages.chain
             ]
-            self._routes[key] = Route(stages, engines, host)
+            self._routes[key] = Route(stages, engines, host, cpu_threads=threads)
         return self._routes[key]
 
     def _host_plan(self, stages: ModalityStages):
@@ -235,7 +240,8 @@ class Embedder:
         # suspended mid-window, with decodes waiting for room that only its close releases. Left to the garbage
         # collector, the exception's traceback kept it open and the process hung at exit, joining those decode
         # threads (seen: an interrupted run printed its summary, then never exited).
-        with contextlib.closing(windows):
+        threads = route.cpu_threads.running() if route.cpu_threads is not None else contextlib.nullcontext()
+        with contextlib.closing(windows), threads:
             for batch in windows:
                 if self.should_stop is not None:
                     self.should_stop()

@@ -18,6 +18,7 @@ import torch
 
 from gemma_embed import hostmem, memory
 from gemma_embed.batching import BatchPlan, Group, exact_buckets, longest_first
+from gemma_embed.cpu_threads import CpuThreads
 from gemma_embed.device import DeviceOps
 from gemma_embed.errors import DeviceError, ItemError
 from gemma_embed.models.base import PreparedItem, Tower, Unit
@@ -88,6 +89,7 @@ class Engine:
         reporter=None,
         should_stop=None,
         device_ops: DeviceOps | None = None,
+        cpu_threads: CpuThreads | None = None,
     ):
         self.tower = tower
         self.space = space
@@ -104,6 +106,10 @@ class Engine:
         start = CPU_START if tower.device.type == "cpu" else None
         self.tuner = BatchTuner(start=start, unit=unit) if batch_cap is None else None
         self.backoffs = 0
+        # On a CPU: the forwards' thread count, which follows the cores other work leaves (shared by a route's
+        # engines); a change of it is a change of conditions for the tuner's comparison under way.
+        self.cpu_threads = cpu_threads
+        self._thread_changes = 0
         self.should_stop = should_stop or (lambda: None)  # raises to stop between chunks
         self.work_done = 0  # units' length encoded, after the first chunk
         self.work_seconds = 0.0
@@ -220,6 +226,7 @@ class Engine:
             batch = [units[i] for i in batch_ix]
             out_of_memory = isolate = False
             failure: ItemError | None = None
+            self._set_threads()
             try:
                 started = time.perf_counter()
                 rows_out = self._encode(batch)
@@ -255,6 +262,15 @@ class Engine:
             for i, r in zip(batch_ix, rows_out, strict=True):
                 on_rows(i, r)
         # A back-off holds for the rest of this group only: the next group plans again from free memory.
+
+    def _set_threads(self) -> None:
+        if self.cpu_threads is None:
+            return
+        self.cpu_threads.before_batch()
+        if self.cpu_threads.changes != self._thread_changes:
+            self._thread_changes = self.cpu_threads.changes
+            if self.tuner:
+                self.tuner.conditions_changed()
 
     def _memory_rows(self, length: int, backoff: int | None) -> int:
         """Units of this length a batch may hold: the memory plan's (and --batch-size's), and after an

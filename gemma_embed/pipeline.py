@@ -183,6 +183,7 @@ def _finish(config, part, writer, route, result, reporter, skipped, captured, en
     result.peak_device_memory = max(peaks) if peaks else None
     result.oom_backoffs = sum(e.backoffs for e in route.engines)
     result.chunking = route.chunking()
+    result.cpu_threads = route.cpu_threads.report() if route.cpu_threads is not None else None
     reporter.finish(result.finish())
     return result
 

@@ -399,6 +399,7 @@ class _RayRoute:
     actors: int
     batch_size: int | None = None  # --batch-size, or None: each actor's own tuner
     engines: tuple = ()  # none here: the actors' engines (peaks, back-offs) stay on the cluster
+    cpu_threads: None = None  # likewise: each actor on a CPU follows its own node's free cores
 
     def chunking(self) -> dict:
         return {"ray": {"actors": self.actors, "batch_size": self.batch_size or "auto (per actor)"}}

@@ -29,6 +29,7 @@ class RunResult:
     signum: int | None = None
     stopped_at_first_failure: bool = False  # --on-error stop ended the run
     chunking: dict = field(default_factory=dict)
+    cpu_threads: dict | None = None  # on a CPU: the forwards' thread count and why (cpu_threads.CpuThreads)
     oom_backoffs: int = 0
     peak_device_memory: int | None = None  # bytes, CUDA only
     device: str = ""
@@ -93,6 +94,7 @@ class RunResult:
             peak_device_memory=self.peak_device_memory,
             oom_backoffs=self.oom_backoffs,
             chunking=self.chunking,
+            cpu_threads=self.cpu_threads,
             device=self.device,
             dtype=self.dtype,
             dtype_reason=self.dtype_reason,

@@ -160,6 +160,12 @@ class BatchTuner:
             self.rejected.add(comparison.challenger)
         self.comparison = None
 
+    def conditions_changed(self) -> None:
+        """The machine changed under the comparison under way (the CPU forwards' thread count): its pairs compare
+        rates from before and after, so it starts again. Decided moves and rejected sizes stay."""
+        if self.comparison is not None:
+            self.comparison = Comparison(self.comparison.incumbent, self.comparison.challenger)
+
     def limit(self, work: int) -> None:
         """An out-of-memory error at a batch of `work`: nothing from there up is tried again."""
         self.ceiling = power_of_two_at_most(max(1, int(work) // 2))

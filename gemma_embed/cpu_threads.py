@@ -1,0 +1,166 @@
+"""Intra-op threads for CPU forwards: as many as the cores other work leaves free, measured while the run goes on.
+
+Why: a CPU forward runs on torch's intra-op (OpenMP) threads, which meet at a barrier after every parallel region.
+When another process keeps one of the cores busy, the scheduler shares that core between it and one of ours, and
+every region waits for the thread that was descheduled. Measured on a 2-core AMD EPYC (EmbeddingGemma 2 text model,
+hidden 512 x 8 layers, 600 mixed lines, each run its own process, one `python -c "while True: pass"` beside it):
+2 threads 14.8-17.3 items/s, 1 thread 23.3-26.6; sentence-transformers 11.8-12.8 at 2 threads, 16.7-16.9 at 1.
+On the quiet machine 2 threads are the faster ones (`bench/README.md`). So the count follows the cores free.
+
+How it is measured: the CPUs this process may run on (its affinity) and their busy time in `/proc/stat`, against
+this process's own CPU time (`time.process_time`, every thread of it) over the same wall-clock span. What is busy
+and not ours is other work: `others` cores on average. The threads are the cores left, rounded, between 1 and the
+count the run started with (torch's default: the physical cores). It is decided at batch boundaries, over spans of
+at least `MIN_SPAN_S`: `/proc/stat` counts in ticks of 10 ms per CPU, so a shorter span would decide on rounding.
+Where `/proc/stat` is missing (macOS, Windows) the count stays as it is. A cgroup CPU quota (`cpu.max`) is not
+read: a quota below the CPUs of the affinity shows as our own threads getting less, not as other work.
+
+A fixed `--cpu-threads N` sets N for the run instead. Either way the caller's count comes back when the run's
+stream ends (`decoding.prepared_stream` restores it), so a Python caller's own torch work keeps its setting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC_STAT = Path("/proc/stat")
+MIN_SPAN_S = 0.5  # at 10 ms ticks on each CPU, under 2% of a core of rounding
+# /proc/stat's fields after the name: user nice system idle iowait irq softirq steal (guest is inside user).
+# Steal is time a hypervisor gave this CPU to someone else: not free for us either.
+BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
+
+
+def threads_for(cores: int, others: float, most: int) -> int:
+    """Intra-op threads for `cores` usable CPUs while other work kept `others` of them busy on average: the cores
+    left, rounded half up, at least 1 and at most `most`."""
+    return max(1, min(most, math.floor(cores - max(0.0, others) + 0.5)))
+
+
+@dataclass(frozen=True)
+class Sample:
+    wall_s: float
+    busy_s: float  # busy time of the affinity's CPUs, every process's
+    own_s: float  # this process's CPU time
+
+
+def read_busy_seconds(cpus: frozenset[int], stat: Path = PROC_STAT) -> float | None:
+    """Busy seconds of these CPUs since boot, from `/proc/stat`; None where it cannot be read."""
+    try:
+        lines = stat.read_text().splitlines()
+    except OSError:
+        return None
+    ticks = 0
+    seen = 0
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or not name[3:].isdigit() or int(name[3:]) not in cpus:
+            continue
+        fields = [int(x) for x in rest.split()]
+        ticks += sum(fields[i] for i in BUSY_FIELDS if i < len(fields))
+        seen += 1
+    if seen != len(cpus):
+        return None
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def affinity() -> frozenset[int]:
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return frozenset(range(os.cpu_count() or 1))
+
+
+class CpuThreads:
+    """The intra-op thread count of one route's CPU forwards (`--cpu-threads`: None for auto, or fixed).
+
+    `running()` wraps each stream: measuring starts with it (the time spent preparing the first window counts too)
+    and the caller's count comes back when it ends. `before_batch()` runs in the encode thread before each batch and
+    may change the count there. `changes` counts the changes, so a batch tuner can tell that the rates it compares
+    were measured under other conditions."""
+
+    def __init__(
+        self,
+        fixed: int | None = None,
+        *,
+        get: Callable[[], int] | None = None,
+        set_: Callable[[int], None] | None = None,
+        busy: Callable[[], float | None] | None = None,
+        own: Callable[[], float] = time.process_time,
+        wall: Callable[[], float] = time.monotonic,
+        cpus: frozenset[int] | None = None,
+    ):
+        import torch
+
+        self._get = get or torch.get_num_threads
+        self._set = set_ or torch.set_num_threads
+        self.cpus = cpus if cpus is not None else affinity()
+        self._busy = busy or (lambda: read_busy_seconds(self.cpus))
+        self._own, self._wall = own, wall
+        self.fixed = fixed
+        self.most = fixed or self._get()  # the caller's count: auto never runs more threads than it chose
+        self.current = self.most
+        self.changes = 0
+        self.others: float | None = None  # the last measured average of other work, in cores
+        self.seconds_at: dict[int, float] = {}  # wall seconds measured at each count, for the report
+        self._last: Sample | None = None
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        caller = self._get()
+        if self.fixed is None:
+            self.most = caller
+            self.current = min(self.current, caller)
+        self._last = self._sample()
+        try:
+            yield
+        finally:
+            if self._get() != caller:
+                self._set(caller)
+
+    def _sample(self) -> Sample | None:
+        busy = self._busy()
+        return None if busy is None else Sample(self._wall(), busy, self._own())
+
+    def before_batch(self) -> int:
+        """The count for the batch about to run: decided again once the span since the last decision is long
+        enough to measure, and set in the calling thread."""
+        if self.fixed is None:
+            self._measure()
+        if self._get() != self.current:
+            self._set(self.current)
+        return self.current
+
+    def _measure(self) -> None:
+        last = self._last
+        now = self._sample()
+        if last is None or now is None:  # the first sample (outside `running()`: a Ray actor's batches), or none
+            self._last = now
+            return
+        span = now.wall_s - last.wall_s
+        if span < MIN_SPAN_S:
+            return
+        self.others = max(0.0, ((now.busy_s - last.busy_s) - (now.own_s - last.own_s)) / span)
+        self.seconds_at[self.current] = self.seconds_at.get(self.current, 0.0) + span
+        self._last = now
+        wanted = threads_for(len(self.cpus), self.others, self.most)
+        self.changes += wanted != self.current
+        self.current = wanted
+
+    def report(self) -> dict:
+        """For the run's summary: the count in use and why, in measured numbers."""
+        if self.fixed is not None:
+            return {"threads": self.fixed, "reason": "fixed by --cpu-threads"}
+        if self.others is None:
+            return {"threads": self.current, "reason": "not measured (no /proc/stat, or the run was too short)"}
+        spent = ", ".join(f"{n}: {s:.1f} s" for n, s in sorted(self.seconds_at.items()))
+        reason = (
+            f"other work kept {self.others:.2f} of this process's {len(self.cpus)} CPUs busy when last measured "
+            f"(wall time at each count: {spent})"
+        )
+        return {"threads": self.current, "reason": reason}
