@@ -10,13 +10,13 @@ On the quiet machine 2 threads are the faster ones (`bench/README.md`). So the c
 How it is measured: the CPUs this process may run on (its affinity) and their busy time in `/proc/stat`, against
 this process's own CPU time (`time.process_time`, every thread of it) over the same wall-clock span. What is busy
 and not ours is other work: `others` cores on average. The threads are the cores left, rounded, between 1 and the
-count the run started with (torch's default: the physical cores). It is decided at batch boundaries, over spans of
-at least `MIN_SPAN_S`: `/proc/stat` counts in ticks of 10 ms per CPU, so a shorter span would decide on rounding.
+count the run started with (torch's default: the physical cores). It is decided at batch boundaries, over spans
+long enough that `/proc/stat`'s ticks (10 ms per CPU) round it by at most `ROUNDING_CORES` (`min_span_s`).
 Where `/proc/stat` is missing (macOS, Windows) the count stays as it is. A cgroup CPU quota (`cpu.max`) is not
 read: a quota below the CPUs of the affinity shows as our own threads getting less, not as other work.
 
 A fixed `--cpu-threads N` sets N for the run instead. Either way the caller's count comes back when the run's
-stream ends (`decoding.prepared_stream` restores it), so a Python caller's own torch work keeps its setting.
+stream ends (`CpuThreads.running`), so a Python caller's own torch work keeps its setting.
 """
 
 from __future__ import annotations
@@ -30,7 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROC_STAT = Path("/proc/stat")
-MIN_SPAN_S = 0.5  # at 10 ms ticks on each CPU, under 2% of a core of rounding
+# A span is measured once /proc/stat's rounding can move the result by at most this many cores: each CPU's counter
+# may be one tick short at either end of a span, so 2 ticks per CPU (0.2 s of span per CPU at 10 ms ticks; 0.4 s on
+# 2 CPUs, 6.4 s on 32), and never less than MIN_SPAN_S.
+ROUNDING_CORES = 0.1
+MIN_SPAN_S = 0.2
+# A stream measures from the route's creation (loading the model counts: the first batch of a short run is then
+# decided too; beside a busy process it ran 2.2-2.9 s at 2 threads before this) unless that sample is older than
+# this: what other work did before a Python caller's earlier call says little about now.
+STALE_S = 10.0
 # /proc/stat's fields after the name: user nice system idle iowait irq softirq steal (guest is inside user).
 # Steal is time a hypervisor gave this CPU to someone else: not free for us either.
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
@@ -66,7 +74,14 @@ def read_busy_seconds(cpus: frozenset[int], stat: Path = PROC_STAT) -> float | N
         seen += 1
     if seen != len(cpus):
         return None
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return ticks * tick_seconds()
+
+
+def tick_seconds() -> float:
+    try:
+        return 1.0 / os.sysconf("SC_CLK_TCK")
+    except (AttributeError, ValueError, OSError):  # not on a POSIX system: /proc/stat is missing too
+        return 0.01
 
 
 def affinity() -> frozenset[int]:
@@ -76,13 +91,25 @@ def affinity() -> frozenset[int]:
         return frozenset(range(os.cpu_count() or 1))
 
 
+def sample_now(cpus: frozenset[int]) -> Sample | None:
+    busy = read_busy_seconds(cpus)
+    return None if busy is None else Sample(time.monotonic(), busy, time.process_time())
+
+
+# The package is imported seconds before a command's first batch (torch, transformers and the checkpoint load in
+# between), so a span from here lets the first batch's count be measured too: from the route's creation alone,
+# a small model's first batch ran at 2 threads beside a busy process (0.3 s of loading, under `min_span_s`).
+IMPORTED = sample_now(affinity())
+
+
 class CpuThreads:
     """The intra-op thread count of one route's CPU forwards (`--cpu-threads`: None for auto, or fixed).
 
-    `running()` wraps each stream: measuring starts with it (the time spent preparing the first window counts too)
-    and the caller's count comes back when it ends. `before_batch()` runs in the encode thread before each batch and
-    may change the count there. `changes` counts the changes, so a batch tuner can tell that the rates it compares
-    were measured under other conditions."""
+    Measuring starts when the package was imported (or, if that is over `STALE_S` ago, when it is made), and
+    again with `running()`, which wraps each stream, when the start is over `STALE_S` ago. The caller's count
+    comes back when a stream ends. `before_batch()` runs in the encode thread before each batch and may change the
+    count there. `changes` counts the changes, so a batch tuner can tell that the rates it compares were measured
+    under other conditions."""
 
     def __init__(
         self,
@@ -101,6 +128,7 @@ class CpuThreads:
         self._set = set_ or torch.set_num_threads
         self.cpus = cpus if cpus is not None else affinity()
         self._busy = busy or (lambda: read_busy_seconds(self.cpus))
+        self.min_span_s = max(MIN_SPAN_S, 2 * len(self.cpus) * tick_seconds() / ROUNDING_CORES)
         self._own, self._wall = own, wall
         self.fixed = fixed
         self.most = fixed or self._get()  # the caller's count: auto never runs more threads than it chose
@@ -109,6 +137,10 @@ class CpuThreads:
         self.others: float | None = None  # the last measured average of other work, in cores
         self.seconds_at: dict[int, float] = {}  # wall seconds measured at each count, for the report
         self._last: Sample | None = None
+        if fixed is None:
+            real = busy is None and own is time.process_time and wall is time.monotonic and cpus is None
+            recent = IMPORTED is not None and time.monotonic() - IMPORTED.wall_s <= STALE_S
+            self._last = IMPORTED if real and recent else self._sample()
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -116,7 +148,8 @@ class CpuThreads:
         if self.fixed is None:
             self.most = caller
             self.current = min(self.current, caller)
-        self._last = self._sample()
+            if self._last is None or self._wall() - self._last.wall_s > STALE_S:
+                self._last = self._sample()
         try:
             yield
         finally:
@@ -143,7 +176,7 @@ class CpuThreads:
             self._last = now
             return
         span = now.wall_s - last.wall_s
-        if span < MIN_SPAN_S:
+        if span < self.min_span_s:
             return
         self.others = max(0.0, ((now.busy_s - last.busy_s) - (now.own_s - last.own_s)) / span)
         self.seconds_at[self.current] = self.seconds_at.get(self.current, 0.0) + span

@@ -14,7 +14,7 @@ import torch
 from transformers.models.embedding_gemma2.modeling_embedding_gemma2 import EmbeddingGemma2TextModel
 
 import gemma_embed
-from gemma_embed.cpu_threads import MIN_SPAN_S, PROC_STAT, CpuThreads
+from gemma_embed.cpu_threads import PROC_STAT, CpuThreads
 
 pytestmark = pytest.mark.skipif(not PROC_STAT.exists(), reason="/proc/stat is Linux's")
 
@@ -71,7 +71,7 @@ def test_a_busy_process_beside_the_run_takes_a_thread_away():
         with threads.running():
             time.sleep(0.2)  # the busy process is running by now
             threads.before_batch()  # nothing measured from a span this short
-            time.sleep(2 * MIN_SPAN_S)  # this process idle, the busy one on a core of its own
+            time.sleep(2 * threads.min_span_s)  # this process idle, the busy one on a core of its own
             chosen = threads.before_batch()
     finally:
         hog.kill()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma_embed.cpu_threads import MIN_SPAN_S, CpuThreads, read_busy_seconds, threads_for
+from gemma_embed.cpu_threads import STALE_S, CpuThreads, read_busy_seconds, threads_for
 from gemma_embed.tuning import BatchTuner
 
 
@@ -81,10 +81,23 @@ def test_a_span_too_short_to_measure_decides_nothing():
     machine = FakeMachine()
     threads = machine.governor()
     with threads.running():
-        machine.run(MIN_SPAN_S / 2, ours=0.0, theirs=2.0)
+        machine.run(threads.min_span_s / 2, ours=0.0, theirs=2.0)
         assert threads.before_batch() == 2 and threads.others is None
-        machine.run(MIN_SPAN_S / 2, ours=0.0, theirs=2.0)  # the span adds up
+        machine.run(threads.min_span_s / 2, ours=0.0, theirs=2.0)  # the span adds up
         assert threads.before_batch() == 1 and threads.others == pytest.approx(2.0)
+
+
+def test_loading_the_model_counts_toward_the_first_span_unless_it_is_stale():
+    machine = FakeMachine()
+    threads = machine.governor()  # made before the towers load
+    machine.run(2.0, ours=1.0, theirs=1.0)  # loading, beside a busy process
+    with threads.running():
+        assert threads.before_batch() == 1  # the first batch already runs on the free core
+    machine.run(STALE_S + 1, ours=0.0, theirs=2.0)  # the caller's own time between two calls
+    with threads.running():  # measured again from here: the old span says nothing of now
+        assert threads.before_batch() == 1 and threads.others == pytest.approx(1.0)
+        machine.run(1.0, ours=1.0, theirs=0.0)
+        assert threads.before_batch() == 2
 
 
 def test_the_callers_count_comes_back_when_the_stream_ends_and_is_never_exceeded():
