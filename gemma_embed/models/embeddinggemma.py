@@ -97,14 +97,39 @@ class EmbeddingGemmaPreparer:
     def prepare(self, text) -> PreparedItem:
         if not isinstance(text, str):
             raise TypeError("a text item must be a str")
-        ids, pool_from = self._ids(text, truncation=True)
-        truncated = 0
-        if ids.shape[0] >= self.max_seq_length:  # at the limit: count what the cut removed
-            full, _ = self._ids(text, truncation=False)
-            truncated = int(full.shape[0]) - int(ids.shape[0])
+        full, pool_from = self._ids(text, truncation=False)
+        ids = full if full.shape[0] <= self.max_seq_length else self._cut(full, text)  # within the limit: no cut
+        truncated = int(full.shape[0]) - int(ids.shape[0])
         unit = Unit(inputs={"input_ids": ids, "pool_from": pool_from}, length=int(ids.shape[0]), rows=1)
         meta = {"chars": len(text), "tokens": unit.length, "truncated_tokens": truncated}
         return PreparedItem(units=[unit], meta=meta)
+
+    def _cut(self, full: torch.Tensor, text: str) -> torch.Tensor:
+        """The ids the tokenizer's own truncation gives, from the untruncated ones: its first max_seq_length - S
+        and its last S (the special tokens its post-processor appends), where a probe has shown that this is what
+        the tokenizer does; else from a second, truncated call. One call instead of two: the truncated call costs
+        more than the untruncated one (measured with the sample tokenizer on a 100 kB text: 62 against 40 ms; its
+        Rust truncation splits off the rest as overflow encodings)."""
+        tail = self._suffix_length()
+        if tail is None:
+            return self._ids(text, truncation=True)[0]
+        keep = self.max_seq_length - tail
+        return torch.cat([full[:keep], full[full.shape[0] - tail :]])
+
+    def _suffix_length(self) -> int | None:
+        """S for `_cut`, found once against the tokenizer's own truncation on two texts over the limit; None
+        where no S reproduces it (a chat template, left truncation, another post-processor)."""
+        if not hasattr(self, "_suffix"):
+            self._suffix: int | None = None
+            if self.former.bare_tokenizer and not self.former.uses_messages:
+                probes = [" ".join([word] * (2 * self.max_seq_length)) for word in ("the", "probe 1 x")]
+                pairs = [(self._ids(p, truncation=False)[0], self._ids(p, truncation=True)[0]) for p in probes]
+                for tail in range(min(4, self.max_seq_length)):
+                    keep = self.max_seq_length - tail
+                    if all(torch.equal(torch.cat([f[:keep], f[f.shape[0] - tail :]]), t) for f, t in pairs):
+                        self._suffix = tail
+                        break
+        return self._suffix
 
     def _ids(self, text: str, truncation: bool) -> tuple[torch.Tensor, int]:
         out, pool_from = self.former.form("text", text, self.prompt, truncation=truncation)

@@ -139,6 +139,24 @@ def test_a_line_longer_than_max_seq_length_equals_sentence_transformers_truncate
     assert items[1].meta["truncated_tokens"] == 0
 
 
+def test_texts_around_the_limit_are_cut_as_the_tokenizers_own_truncation_cuts_them(folder, reference):
+    """The preparer cuts the untruncated ids (one tokenisation, not two) where a probe showed the rule holds: for
+    every length from under the limit to far over it, its ids equal the tokenizer's own truncated call (as
+    sentence-transformers makes it), and the cut count equals the untruncated length less the limit."""
+    st = reference(folder)
+    preparer = EmbeddingGemmaPreparer(resolve_checkpoint(folder), prompt_name="document")
+    prompt = preparer.prompt
+    assert preparer._suffix_length() is not None  # the one-call path is the one under test
+    words = "sea car rain, dog. fox 12 roof".split()
+    for n in [*range(1, 40), 100, 1000]:
+        text = " ".join(words[i % len(words)] for i in range(n))
+        expected = st.tokenizer([prompt + text], truncation="longest_first", max_length=32)["input_ids"][0]
+        full = len(st.tokenizer([prompt + text])["input_ids"][0])
+        item = preparer.prepare(text)
+        assert item.units[0].inputs["input_ids"].tolist() == expected, n
+        assert item.meta["truncated_tokens"] == max(0, full - 32), n
+
+
 def test_max_seq_length_from_sentence_bert_config_is_obeyed(tmp_path, folder, reference):
     """The hub repository states max_seq_length in sentence_bert_config.json (its tokenizer says 2048 too); a
     smaller value there wins over the tokenizer's, as sentence-transformers reads it."""

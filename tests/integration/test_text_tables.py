@@ -127,7 +127,7 @@ def test_peak_rss_is_flat_from_1_to_10_row_groups_of_text(tmp_path):
     so the command's peak RSS must not grow with the file (read whole as Python strings, 10 row groups add 50 MB;
     measured +68 MiB against +2 MiB). The checkpoint cuts every text at 32 tokens, so the run is reading and
     tokenising; the cells repeat one word that is one token of the sample tokenizer, which reads it 3x as fast as
-    mixed words (65 against 205 ms for the two calls a cut text costs)."""
+    mixed words."""
     import subprocess
     import sys
 
