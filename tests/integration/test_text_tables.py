@@ -136,8 +136,8 @@ def test_peak_rss_is_flat_from_1_to_10_row_groups_of_text(tmp_path):
     cells = [f"row {i}:" + " singing" * 12_500 for i in range(50)]  # 100 kB, 12.5k tokens: one per word
     listing = tmp_path / "empty.txt"
     listing.write_text("")
-    peaks = {}
-    for groups in (1, 10):
+    runs = {}
+    for groups in (1, 10):  # both at once: each wrapper reads the peak of its own command alone
         parquet = tmp_path / f"{groups}.parquet"
         pq.write_table(pa.table({"text": cells * groups}), parquet, row_group_size=len(cells), compression="none")
         assert pq.ParquetFile(parquet).num_row_groups == groups
@@ -147,10 +147,12 @@ def test_peak_rss_is_flat_from_1_to_10_row_groups_of_text(tmp_path):
             "-o", str(tmp_path / f"{groups}.safetensors"), "--flush-every", "50", "-q",
         ]
         # fmt: on
-        proc = subprocess.run(
-            [sys.executable, "-c", PEAK_RSS_WRAPPER, str(listing), *args], capture_output=True, text=True, timeout=600
+        runs[groups] = subprocess.Popen(
+            [sys.executable, "-c", PEAK_RSS_WRAPPER, str(listing), *args], stdout=subprocess.PIPE, text=True
         )
-        result = json.loads(proc.stdout)
+    peaks = {}
+    for groups, proc in runs.items():
+        result = json.loads(proc.communicate(timeout=600)[0])
         assert result["code"] == 0, result["stderr"]
         assert len(gemma_embed.load(tmp_path / f"{groups}.safetensors")) == 50 * groups
         peaks[groups] = result["peak"]
