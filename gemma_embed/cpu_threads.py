@@ -135,7 +135,8 @@ class CpuThreads:
         self.current = self.most
         self.changes = 0
         self.others: float | None = None  # the last measured average of other work, in cores
-        self.seconds_at: dict[int, float] = {}  # wall seconds measured at each count, for the report
+        self.seconds_at: dict[int, float] = {}  # wall seconds of the streams' batches at each count, for the report
+        self._in_use: tuple[float, int] | None = None  # (since when, count) set for the batches under way
         self._last: Sample | None = None
         if fixed is None:
             real = busy is None and own is time.process_time and wall is time.monotonic and cpus is None
@@ -153,6 +154,7 @@ class CpuThreads:
         try:
             yield
         finally:
+            self._count_time()
             if self._get() != caller:
                 self._set(caller)
 
@@ -167,7 +169,17 @@ class CpuThreads:
             self._measure()
         if self._get() != self.current:
             self._set(self.current)
+        self._count_time()
+        self._in_use = (self._wall(), self.current)
         return self.current
+
+    def _count_time(self) -> None:
+        """Add the time since the last batch began to the count it ran at (loading and other time outside a
+        stream's batches is measured, but is no count's)."""
+        if self._in_use is not None:
+            since, count = self._in_use
+            self.seconds_at[count] = self.seconds_at.get(count, 0.0) + self._wall() - since
+            self._in_use = None
 
     def _measure(self) -> None:
         last = self._last
@@ -179,7 +191,6 @@ class CpuThreads:
         if span < self.min_span_s:
             return
         self.others = max(0.0, ((now.busy_s - last.busy_s) - (now.own_s - last.own_s)) / span)
-        self.seconds_at[self.current] = self.seconds_at.get(self.current, 0.0) + span
         self._last = now
         wanted = threads_for(len(self.cpus), self.others, self.most)
         self.changes += wanted != self.current
@@ -194,6 +205,6 @@ class CpuThreads:
         spent = ", ".join(f"{n}: {s:.1f} s" for n, s in sorted(self.seconds_at.items()))
         reason = (
             f"other work kept {self.others:.2f} of this process's {len(self.cpus)} CPUs busy when last measured "
-            f"(wall time at each count: {spent})"
+            f"(wall time of batches at each count: {spent})"
         )
         return {"threads": self.current, "reason": reason}

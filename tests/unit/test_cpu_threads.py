@@ -93,6 +93,8 @@ def test_loading_the_model_counts_toward_the_first_span_unless_it_is_stale():
     machine.run(2.0, ours=1.0, theirs=1.0)  # loading, beside a busy process
     with threads.running():
         assert threads.before_batch() == 1  # the first batch already runs on the free core
+        machine.run(3.0, ours=1.0, theirs=1.0)
+    assert threads.seconds_at == {1: 3.0}  # the batches' time; loading is measured but ran no count's batch
     machine.run(STALE_S + 1, ours=0.0, theirs=2.0)  # the caller's own time between two calls
     with threads.running():  # measured again from here: the old span says nothing of now
         assert threads.before_batch() == 1 and threads.others == pytest.approx(1.0)
