@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Timer, emit, peak_rss, run_child, run_tool
+from bench.common import Timer, cpu_name, emit, peak_rss, run_child, run_tool
 
 RELEASE_VISION = dict(
     vision_hidden=768, vision_layers=16, vision_heads=12, vision_intermediate=3072, position_embedding_size=10240
@@ -211,13 +210,6 @@ CHILDREN = {"reference": child_reference, "bare": child_bare, "ours": child_ours
 
 
 # ---- the parent ---------------------------------------------------------------------------------------------------
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def matmul_rate(dtype, device: str = "cpu", m: int = 2304, k: int = 768, n: int = 3072, seconds: float = 1.0) -> float:

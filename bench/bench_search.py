@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.common import cpu_name
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "tiny-embeddinggemma2"
 QUERIES = 100
@@ -49,13 +51,6 @@ def _vmhwm_mib() -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return -1.0
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -225,7 +220,7 @@ def collection(args) -> None:
     with_time = _timed(lambda: write_collection(folder, args.rows, args.dim, args.data, header))
     output, queries = with_time[1], write_queries(folder, args.dim, args.data)
     print(
-        f"# {_cpu()}, {os.cpu_count()} CPUs (shared with other agents); {args.rows} x {args.dim} float16, "
+        f"# {cpu_name()}, {os.cpu_count()} CPUs (shared with other agents); {args.rows} x {args.dim} float16, "
         f"{args.data}; written in {with_time[0]:.0f} s",
         flush=True,
     )
@@ -283,7 +278,7 @@ def text200k(args) -> None:
     dim = int(header["dim"])
     output = write_collection(folder, args.rows, dim, "random", header)
     print(
-        f"# {_cpu()}, {os.cpu_count()} CPUs (shared); {args.rows} x {dim} float16 random unit vectors under the "
+        f"# {cpu_name()}, {os.cpu_count()} CPUs (shared); {args.rows} x {dim} float16 random unit vectors under the "
         f"header of a real {header['model_type']} run",
         flush=True,
     )

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import Timer, emit, peak_rss, run_child
+from bench.common import Timer, cpu_name, emit, peak_rss, run_child
 
 SIZES = {"text_hidden": 512, "text_layers": 8, "sliding_window": 512}
 CORPORA = {  # (median words, log-normal sigma, fewest, most)
@@ -162,25 +162,18 @@ def main() -> None:
         emit((child_st if side == "st" else child_ours)(ckpt, corpus, out, batch))
         return
 
-    import platform
-
     import torch
 
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    flags = sorted({f for f in ("amx_bf16", "amx_tile", "avx512_bf16") if f in Path("/proc/cpuinfo").read_text()})
+    from gemma_embed.device import cpu_bf16_units
+
+    cpu = cpu_name()
+    flags = cpu_bf16_units()
     with tempfile.TemporaryDirectory(prefix="bench-text-") as tmp:
         tmp = Path(tmp)
         ckpt = build_checkpoint(args.family, tmp / "ckpt")
         family = "EmbeddingGemma" if args.family == "embeddinggemma" else "EmbeddingGemma 2"
         print(
-            f"# {cpu}, {torch.get_num_threads()} threads, flags {', '.join(flags) or 'none of amx/avx512_bf16'}; "
+            f"# {cpu}, {torch.get_num_threads()} threads, bf16 units {', '.join(flags) or 'none'}; "
             f"torch {torch.__version__}; random {family} text model hidden {SIZES['text_hidden']} x "
             f"{SIZES['text_layers']} layers, float32; {args.lines} lines a corpus, {args.rounds} rounds",
             flush=True,

@@ -17,6 +17,17 @@ def _status_kib(field: str) -> int:
     return int(re.search(rf"{field}:\s+(\d+) kB", text).group(1)) * 1024
 
 
+def cpu_name() -> str:
+    """The CPU's model name (the kernel's /proc/cpuinfo), for a benchmark's header line."""
+    import platform
+
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
 def peak_rss() -> int:
     """This process's peak RSS in bytes: the kernel's VmHWM, the one peak-RSS measure every bench uses
     (ru_maxrss would inherit a parent's peak across fork, and sampling misses short peaks)."""
