@@ -24,6 +24,8 @@ own batches, which the tokenizer pads on the right too.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from gemma_embed.errors import CheckpointError, UsageError
@@ -62,6 +64,12 @@ def refuse_float16(dtype) -> None:
             "EmbeddingGemma does not run in float16: its activations overflow float16 (NaN vectors); "
             "use --dtype bfloat16 or float32"
         )
+
+
+def cut_ids(full: torch.Tensor, limit: int, tail: int) -> torch.Tensor:
+    """`limit` ids from untruncated ones as a tokenizer whose post-processor appends `tail` special tokens cuts
+    them: the first `limit - tail`, then the last `tail`."""
+    return torch.cat([full[: limit - tail], full[full.shape[0] - tail :]])
 
 
 class EmbeddingGemmaPreparer:
@@ -105,31 +113,26 @@ class EmbeddingGemmaPreparer:
         return PreparedItem(units=[unit], meta=meta)
 
     def _cut(self, full: torch.Tensor, text: str) -> torch.Tensor:
-        """The ids the tokenizer's own truncation gives, from the untruncated ones: its first max_seq_length - S
-        and its last S (the special tokens its post-processor appends), where a probe has shown that this is what
-        the tokenizer does; else from a second, truncated call. One call instead of two: the truncated call costs
-        more than the untruncated one (measured with the sample tokenizer on a 100 kB text: 62 against 40 ms; its
-        Rust truncation splits off the rest as overflow encodings)."""
-        tail = self._suffix_length()
-        if tail is None:
+        """The ids the tokenizer's own truncation gives, from the untruncated ones (`cut_ids` with the suffix
+        length a probe found), else from a second, truncated call. One call instead of two: the truncated call
+        costs more than the untruncated one (measured with the sample tokenizer on a 100 kB text: 62 against 40 ms;
+        its Rust truncation splits off the rest as overflow encodings)."""
+        if self._suffix_length is None:
             return self._ids(text, truncation=True)[0]
-        keep = self.max_seq_length - tail
-        return torch.cat([full[:keep], full[full.shape[0] - tail :]])
+        return cut_ids(full, self.max_seq_length, self._suffix_length)
 
+    @functools.cached_property
     def _suffix_length(self) -> int | None:
-        """S for `_cut`, found once against the tokenizer's own truncation on two texts over the limit; None
-        where no S reproduces it (a chat template, left truncation, another post-processor)."""
-        if not hasattr(self, "_suffix"):
-            self._suffix: int | None = None
-            if self.former.bare_tokenizer and not self.former.uses_messages:
-                probes = [" ".join([word] * (2 * self.max_seq_length)) for word in ("the", "probe 1 x")]
-                pairs = [(self._ids(p, truncation=False)[0], self._ids(p, truncation=True)[0]) for p in probes]
-                for tail in range(min(4, self.max_seq_length)):
-                    keep = self.max_seq_length - tail
-                    if all(torch.equal(torch.cat([f[:keep], f[f.shape[0] - tail :]]), t) for f, t in pairs):
-                        self._suffix = tail
-                        break
-        return self._suffix
+        """The S of `cut_ids` that reproduces the tokenizer's own truncation on two texts over the limit; None
+        where none does (a chat template, left truncation, another post-processor)."""
+        if not self.former.bare_tokenizer or self.former.uses_messages:
+            return None
+        probes = [" ".join([word] * (2 * self.max_seq_length)) for word in ("the", "probe 1 x")]
+        pairs = [(self._ids(p, truncation=False)[0], self._ids(p, truncation=True)[0]) for p in probes]
+        for tail in range(min(4, self.max_seq_length)):
+            if all(torch.equal(cut_ids(full, self.max_seq_length, tail), cut) for full, cut in pairs):
+                return tail
+        return None
 
     def _ids(self, text: str, truncation: bool) -> tuple[torch.Tensor, int]:
         out, pool_from = self.former.form("text", text, self.prompt, truncation=truncation)

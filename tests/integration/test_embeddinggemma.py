@@ -146,7 +146,7 @@ def test_texts_around_the_limit_are_cut_as_the_tokenizers_own_truncation_cuts_th
     st = reference(folder)
     preparer = EmbeddingGemmaPreparer(resolve_checkpoint(folder), prompt_name="document")
     prompt = preparer.prompt
-    assert preparer._suffix_length() is not None  # the one-call path is the one under test
+    assert preparer._suffix_length is not None  # the one-call path is the one under test
     words = "sea car rain, dog. fox 12 roof".split()
     for n in [*range(1, 40), 100, 1000]:
         text = " ".join(words[i % len(words)] for i in range(n))
