@@ -35,9 +35,8 @@ PROC_STAT = Path("/proc/stat")
 # 2 CPUs, 6.4 s on 32), and never less than MIN_SPAN_S.
 ROUNDING_CORES = 0.1
 MIN_SPAN_S = 0.2
-# A stream measures from the route's creation (loading the model counts: the first batch of a short run is then
-# decided too; beside a busy process it ran 2.2-2.9 s at 2 threads before this) unless that sample is older than
-# this: what other work did before a Python caller's earlier call says little about now.
+# The first span starts at the package's import (`IMPORTED`), or at the route's creation, unless that sample is
+# older than this: what other work did before a Python caller's earlier call says little about now.
 STALE_S = 10.0
 # /proc/stat's fields after the name: user nice system idle iowait irq softirq steal (guest is inside user).
 # Steal is time a hypervisor gave this CPU to someone else: not free for us either.
