@@ -29,7 +29,6 @@ import functools
 import torch
 
 from gemma_embed.errors import CheckpointError, UsageError
-from gemma_embed.memory import text_sequence_cost
 from gemma_embed.models.base import PreparedItem, Unit
 from gemma_embed.models.loading import Checkpoint
 from gemma_embed.models.st_head import SentenceTextTower, token_batch
@@ -39,6 +38,7 @@ from gemma_embed.models.st_inputs import (
     load_st_processor,
     read_sentence_transformers,
 )
+from gemma_embed.models.text_cost import text_sequence_cost
 from gemma_embed.pooling import mean_pool
 
 MODEL_TYPE = "gemma3_text"

@@ -37,7 +37,6 @@ import torch
 
 from gemma_embed.config import Pool
 from gemma_embed.errors import CheckpointError, UsageError
-from gemma_embed.memory import text_sequence_cost
 from gemma_embed.models.base import PreparedItem, Unit
 from gemma_embed.models.gemma4 import resized_size, trim_vision_inputs
 from gemma_embed.models.gemma4_audio import gemma4_audio_rows
@@ -52,6 +51,7 @@ from gemma_embed.models.st_inputs import (
     read_sentence_transformers,
     with_processing_kwargs,
 )
+from gemma_embed.models.text_cost import text_sequence_cost
 from gemma_embed.pooling import mean_pool
 
 TEXT_MODEL_PREFIXES = ("language_model.", "model.language_model.")
