@@ -218,6 +218,11 @@ def _family():
         name="Gemma 3",
         model_types=(MODEL_TYPE,),
         examples=("google/gemma-3-4b-it", "google/gemma-3-27b-it"),
+        help=(
+            "SigLIP at one fixed size (896 px: 256 soft tokens an image, 4096 rows in the tower space), so every "
+            "batch is full and never padded. --pan-and-scan adds the image processor's crops of a wide or tall "
+            "image as further rows of the item; video frames go through the image processor one by one."
+        ),
         commands={
             Modality.images: Support(build_images, towers, tower=vision),
             Modality.video: Support(build_video, towers, pools=(Pool.none, Pool.mean, Pool.frame), tower=vision),

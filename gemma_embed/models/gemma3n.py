@@ -163,6 +163,11 @@ def _family():
         name="Gemma 3n",
         model_types=("gemma3n",),
         examples=("google/gemma-3n-e2b-it", "google/gemma-3n-e4b-it"),
+        help=(
+            "the MobileNetV5 vision tower at the processor's fixed size (768 px: 256 soft tokens an image; it needs "
+            "timm: pip install 'gemma-embed[gemma3n]'). The audio tower's soft tokens, a window of at most "
+            "--window-s at a time."
+        ),
         commands={
             Modality.images: Support(gemma3n_vision.build_images, towers, tower=vision),
             Modality.video: Support(

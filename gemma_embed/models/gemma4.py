@@ -260,6 +260,12 @@ def _family():
         name="Gemma 4",
         model_types=("gemma4",),
         examples=("google/gemma-4-e2b-it",),
+        help=(
+            "soft tokens of the vision tower (images, sampled video frames) at the processor's soft-token budget, "
+            "--max-soft-tokens 70, 140, 280, 560 or 1120 (the released checkpoints': 280 an image, 70 a frame, up to "
+            "32 frames a video); images of one patch count share a batch, never padded. The audio tower's soft "
+            "tokens, a window of at most --window-s at a time."
+        ),
         commands={
             Modality.images: Support(build_images, towers, tower=vision),
             Modality.video: Support(build_video, towers, pools=(Pool.none, Pool.mean, Pool.frame), tower=vision),
