@@ -19,7 +19,7 @@ import sys
 import torch
 
 from bench.bench_memory import peak_transient
-from gemma_embed.memory import siglip_item_cost
+from gemma_embed.models.gemma3 import siglip_item_cost
 
 
 def measure_siglip(hidden, intermediate, heads, image_size, batch, dtype, patch=14) -> tuple[int, int]:
@@ -83,7 +83,7 @@ def measure_mobilenetv5(image_size: int, batch: int, dtype, channel_multiplier: 
     tokens is a few MiB and never the peak."""
     import timm
 
-    from gemma_embed.memory import mobilenetv5_item_cost
+    from gemma_embed.models.gemma3n_vision import mobilenetv5_item_cost
 
     model = timm.create_model(
         "mobilenetv5_300m_enc", pretrained=False, num_classes=0, channel_multiplier=channel_multiplier

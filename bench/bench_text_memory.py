@@ -21,7 +21,7 @@ import sys
 import torch
 
 from bench.bench_memory import peak_transient
-from gemma_embed.memory import text_sequence_cost
+from gemma_embed.models.text_cost import text_sequence_cost
 
 REAL = {"num_hidden_layers": 24, "hidden_size_per_layer_input": 512}
 LONG = {"num_hidden_layers": 6, "hidden_size_per_layer_input": 64}

@@ -274,7 +274,7 @@ app.command("video", cls=_Command)(
     _embed_command("video", "Embed videos: one item per video, rows = sampled frames x soft tokens per frame.")
 )
 app.command("text", cls=_Command)(
-    _embed_command("text", "Embed text (EmbeddingGemma 2): one retrieval vector per line, or per file with --per-file.")
+    _embed_command("text", "Embed text: one retrieval vector per line, or per file with --per-file.")
 )
 app.command("audio", cls=_Command)(
     _embed_command(
@@ -310,7 +310,7 @@ def _at_least_one(value: int) -> int:
 @app.command("search", cls=_Command)
 def search_index(
     index: Annotated[Path, typer.Argument(help="An output to search (.safetensors or .index.json).")],
-    query: Annotated[str | None, typer.Argument(help="Text to look for (EmbeddingGemma 2 indexes).")] = None,
+    query: Annotated[str | None, typer.Argument(help="Text to look for (retrieval indexes).")] = None,
     queries: Annotated[
         Path | None, typer.Option("--queries", help="Many texts, one a line (- for stdin).", metavar="FILE")
     ] = None,
@@ -343,7 +343,7 @@ def search_index(
     prompt_name: Annotated[
         str | None,
         typer.Option(
-            help="The query's prompt (default: the checkpoint's query; document: find an indexed item itself).",
+            help="The query's named prompt (default: its family's query prompt, see gemma-embed models).",
             metavar="NAME",
         ),
     ] = None,

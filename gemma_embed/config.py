@@ -22,10 +22,9 @@ from gemma_embed.memory import BudgetSpec, parse_budget
 
 DEFAULT_MODEL = "google/gemma-4-e2b-it"  # the media commands' default checkpoint
 DEFAULT_TEXT_MODEL = "google/embeddinggemma-300m"  # text's: an embedding checkpoint
-# Each embedding command's default, and each default's config model type: the family registry knows a checkpoint by
-# it, so tests check that every command's default is one the command accepts without downloading anything.
+# Each embedding command's default (tests check that its family, found by the families' example hub ids, serves the
+# command, without downloading anything).
 DEFAULT_MODELS = {"images": DEFAULT_MODEL, "video": DEFAULT_MODEL, "audio": DEFAULT_MODEL, "text": DEFAULT_TEXT_MODEL}
-DEFAULT_MODEL_TYPES = {DEFAULT_MODEL: "gemma4", DEFAULT_TEXT_MODEL: "gemma3_text"}
 IMAGE_SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
 # The audio feature extractors' own `max_length` (480 000 samples at 16 kHz): anything longer is cut silently.
 MAX_WINDOW_S = 30.0
@@ -87,10 +86,10 @@ class Pool(Choice):
 
 
 class Space(Choice):
-    auto = "auto"  # retrieval for an EmbeddingGemma 2 checkpoint, language for the others
+    auto = "auto"  # the family's first space: retrieval where it gives retrieval vectors, else language
     language = "language"  # the towers' soft tokens after the embed_* projection
     tower = "tower"  # the encoder's own output
-    retrieval = "retrieval"  # EmbeddingGemma 2: one normalised vector per item
+    retrieval = "retrieval"  # one normalised vector per item
 
 
 class OnError(Choice):
@@ -227,7 +226,7 @@ PLAN = ("plan",)
 
 # Help panels, in the order `--help` shows them.
 INPUT, MODEL, OUTPUT, PERFORMANCE, ROBUSTNESS = "Input", "Model", "Output", "Performance", "Robustness"
-RETRIEVAL = "EmbeddingGemma 2"
+RETRIEVAL = "Retrieval"
 
 
 @dataclass(frozen=True)
@@ -374,15 +373,13 @@ class RunConfig:
         "70, 140, 280, 560 or 1120 per image or frame (default: the checkpoint's processor's).",
         commands=("images", "video", "plan"),
         help_by_command=(
-            ("images", "70/140/280/560/1120 per image (default: the checkpoint's; Gemma 4: 280)."),
-            ("video", "70/140/280/560/1120 per frame (default: the checkpoint's; Gemma 4: 70)."),
+            ("images", "70/140/280/560/1120 per image (default: the checkpoint's)."),
+            ("video", "70/140/280/560/1120 per frame (default: the checkpoint's)."),
         ),
         check=soft_token_budget,
         metavar="N",
     )
-    pan_and_scan: bool = option(
-        False, "Gemma 3: add the processor's crops of wide or tall images.", commands=("images", "plan")
-    )
+    pan_and_scan: bool = option(False, "Add the processor's crops of wide or tall images.", commands=("images", "plan"))
     fps: float | None = option(
         None,
         "Frames a second (default: the model's).",
@@ -470,7 +467,7 @@ class RunConfig:
     )
     prompt_name: str | None = option(
         None,
-        "A named prompt: query, document, ...",
+        "A named prompt of the checkpoint's.",
         commands=EMBED + PLAN,
         panel=RETRIEVAL,
         metavar="NAME",

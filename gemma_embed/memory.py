@@ -3,6 +3,10 @@
 The planner turns (free, total) device memory and a cost model of the tower's dominant transient into a chunk
 size. It never admits a chunk whose modelled transient exceeds the budget (except the unavoidable chunk of 1,
 which the engine's out-of-memory back-off then guards).
+
+The cost models are the towers' own (`Tower.unit_cost`), each beside its tower in the family module that runs it
+(`models/gemma4.py`, ...; the two EmbeddingGemma text models share `models/text_cost.py`): planning here knows
+only the bytes a unit costs.
 """
 
 from __future__ import annotations
@@ -110,162 +114,6 @@ def chunk_size(cost_per_item: float, budget_bytes: float, cap: int | None = None
         if cap is not None and cap > 0:
             n = min(n, cap)
     return max(1, int(n))
-
-
-def vision_item_cost(
-    patches: int,
-    hidden: int,
-    intermediate: int,
-    heads: int,
-    bytes_per_element: int,
-    pooling_kernel: int = 3,
-    patch_dim: int = 768,
-    materialises_scores: bool = False,
-) -> int:
-    """Peak transient bytes one image of `patches` patches adds to a Gemma 4 vision-tower forward.
-
-    The forward passes through phases whose transients do not coexist, so the peak is the largest phase
-    (bench/MEMORY.md compares this with profiler measurements):
-    - encoder MLP: gate, act(gate), up and their product live together, 4 * N * I elements, beside the
-      residual stream and the norms' float32 copies (3 * N * D float32; they matter in bf16);
-    - attention, only where the kernel materialises scores (eager): 2 * H * N^2 elements beside q/k/v/o and
-      the residual (8 * N * D);
-    - pooler: an int64 one-hot (N x M), its float copy and a bool mask, 13 * N * M bytes whatever the dtype,
-      beside the float32 hidden states;
-    - patch embedder: the 2*(px-0.5) float32 copy of the input and its projection.
-    """
-    n = max(0, int(patches))
-    if n == 0:
-        return 0
-    s = max(1, int(bytes_per_element))
-    tokens = max(1, n // (pooling_kernel * pooling_kernel))
-    mlp = n * (4 * intermediate * s + 3 * hidden * 4)
-    pooler = 13 * n * tokens + 2 * n * hidden * 4
-    embedder = 2 * n * patch_dim * 4 + n * hidden * s
-    attention = (2 * heads * n * n + 8 * n * hidden) * s if materialises_scores else 0
-    return int(max(mlp, pooler, embedder, attention))
-
-
-def siglip_item_cost(
-    patches: int,
-    hidden: int,
-    intermediate: int,
-    heads: int,
-    bytes_per_element: int,
-    patch_dim: int = 3 * 14 * 14,
-    materialises_scores: bool = False,
-) -> int:
-    """Peak transient bytes one image adds to a Gemma 3 SigLIP vision-tower forward (+ multi_modal_projector),
-    the largest of its phases (bench/MEMORY.md compares this with profiler measurements):
-    - encoder MLP: fc1's output, its tanh-approximated GELU and that GELU's temporary live together, 3 * N * I
-      elements (measured exactly 3.0 at hidden 256; 3.07 at 1152), beside the residual stream and fc2's output;
-    - attention, only where the kernel materialises scores (eager): 2 * H * N^2 elements beside q/k/v/o;
-      SDPA without a mask (every batch is one fixed-size bucket) materialises none;
-    - patch embedding: the float32 pixels cast to the model dtype (3 x patch^2 per patch; no copy in float32)
-      and the embeddings.
-    The projector (4 x 4 average pooling, RMSNorm, one matmul) works on 16x fewer rows and never peaks.
-    """
-    n = max(0, int(patches))
-    if n == 0:
-        return 0
-    s = max(1, int(bytes_per_element))
-    mlp = n * (3 * intermediate + 2 * hidden) * s
-    embedder = (n * patch_dim * s if s != 4 else 0) + 2 * n * hidden * s
-    attention = (2 * heads * n * n + 8 * n * hidden) * s if materialises_scores else 0
-    return int(max(mlp, embedder, attention))
-
-
-def mobilenetv5_item_cost(pixels: int, bytes_per_element: int) -> int:
-    """Peak transient bytes one image of `pixels` input pixels adds to a forward of Gemma 3n's MobileNetV5 encoder
-    (timm's `mobilenetv5_300m_enc`, the released architecture) and `embed_vision`.
-
-    A convolutional network's activations scale with the input's area: measured linear in pixels (512 and 768 px:
-    674 and 668 bytes a pixel in float32) and in the batch (bench/MEMORY.md). Its RMS norms compute in float32
-    whatever the model dtype, so bfloat16 saves only part (528 bytes a pixel): fitted as 74 bytes a pixel per byte
-    of the model dtype plus 96 float32 bytes, each raised 11% so the model stays above the measurement.
-    `embed_vision` works on the 256 soft tokens and never peaks. Other timm channel multipliers (the test
-    checkpoint's) are not modelled: their fixed costs dominate at small inputs.
-    """
-    n = max(0, int(pixels))
-    s = max(1, int(bytes_per_element))
-    return int(n * (82 * s + 105 * 4))
-
-
-def audio_item_cost(mel_frames: int, bytes_per_element: int) -> int:
-    """Gemma 4 audio tower: about 52 KB per mel frame in float32 (SSCP conv output, ~3 live copies).
-
-    Profiled (bench/bench_audio.py): 145.2 MiB for one 30 s clip (2999 frames), 50.8 KB per frame; the research
-    notes' 49 KB was 3% under that, and the planner must not be under."""
-    return int(max(0, int(mel_frames)) * 52_000 * max(1, int(bytes_per_element)) / 4)
-
-
-def text_sequence_cost(
-    tokens: int,
-    hidden: int,
-    intermediate: int,
-    layers: int,
-    per_layer_dim: int,
-    bytes_per_element: int,
-    sliding_window: int | None = None,
-    padded: bool = True,
-    rotary_dims: int = 0,
-    dense_full_mask: bool = False,
-) -> int:
-    """Peak transient bytes one sequence of `tokens` adds to an EmbeddingGemma 2 (or, with `per_layer_dim=0`,
-    EmbeddingGemma) text-model forward (SDPA).
-
-    The forward passes through phases whose transients do not coexist; the peak is the largest (bench/MEMORY.md
-    compares this with profiler measurements):
-    - per-layer embeddings: a (tokens, layers x per_layer_dim) projection in the model dtype and two float32
-      copies inside its RMSNorm (s + 8 bytes an element; measured exactly in float32 and bfloat16). The result
-      stays alive through every layer. With the real config (24 x 512) this is the largest phase up to a few
-      thousand tokens: 144 KiB a token in float32.
-    - a layer: the per-layer embeddings, the MLP (gate, act(gate), up and their product: 4 x intermediate), and
-      about 7 float32 copies of the hidden state (norms, residual, attention in/out); SDPA materialises no scores.
-    - attention masks: transformers builds the sliding-window mask as a dense tokens x tokens bool mask through
-      an int64 index difference and its abs (16 bytes per pair), whenever a sequence is longer than the window.
-      That is the quadratic term; it is per batch in fact, counted per sequence here (never below the truth).
-      With padding the full-attention layers get a dense bool mask too (1 byte per pair).
-    Full-attention layers cost nothing quadratic here: without padding transformers passes SDPA no mask, and
-    SDPA on the CPU (and CUDA's flash/memory-efficient kernels) materialises no scores.
-    EmbeddingGemma (Gemma 3 with bidirectional attention) differs in two ways, measured at 4096 tokens:
-    - `dense_full_mask`: its full-attention layers get a dense bool mask even without padding (the bidirectional
-      `or_mask_function` makes transformers build one), so the mask phase holds two bool masks (18 bytes a pair);
-    - `rotary_dims`: the rotary tables, computed after the masks and alive through every layer: one cos and one
-      sin table per layer type in the model dtype (the head widths summed over the layer types: 2 x 256).
-    """
-    n = max(0, int(tokens))
-    if n == 0:
-        return 0
-    s = max(1, int(bytes_per_element))
-    ple = layers * per_layer_dim
-    ple_alive = n * ple * s
-    rotary_alive = n * 2 * int(rotary_dims) * s
-    ple_phase = n * ple * (s + 8)
-    quadratic = sliding_window is not None and n > sliding_window
-    full_mask = n * n if (padded or dense_full_mask) else 0
-    masks = (n * n if quadratic else 0) + full_mask
-    layer_phase = ple_alive + rotary_alive + masks + n * (4 * intermediate * s + 7 * hidden * 4)
-    # (+ 64 bytes a token: the small position and index vectors the mask functions build; 28 measured)
-    sliding_build = 16 * n * n + n * n + (n * n if dense_full_mask else 0) + 64 * n
-    mask_phase = ple_alive + (sliding_build if quadratic else 0)
-    # Beside every phase: small float32 copies (measured 0.2 MiB over the phase at 1024 tokens in bfloat16) and
-    # the sequence's input embeddings once the stage-1 rows are scattered in; one float32 hidden state covers them.
-    return int(max(ple_phase, layer_phase, mask_phase) + n * hidden * 4)
-
-
-def gemma3n_audio_item_cost(
-    mel_frames: int, channels: int = 128, mel_bins: int = 128, bytes_per_element: int = 4
-) -> int:
-    """Gemma 3n audio tower: per mel frame, the first subsampling convolution's output (channels x mel_bins/2
-    values per two frames) and the copies its cumulative group norm makes, which it computes in float32 whatever
-    the model dtype. Profiled in float32 (bench/bench_audio.py): 284 MiB for one 30 s clip at channels 128, about
-    six live copies of that output; five of them are float32 whatever the dtype."""
-    per_frame = channels * ((int(mel_bins) + 1) // 2) / 2
-    copies_fp32, copies_model = 5, 1
-    per_frame_bytes = per_frame * (copies_fp32 * 4 + copies_model * max(1, int(bytes_per_element)))
-    per_frame_bytes += 3 * int(mel_bins) * 4  # the padded mel batch and its copies inside the first block
-    return int(max(0, int(mel_frames)) * per_frame_bytes)
 
 
 # ------------------------------------------------------------------------------------------ host memory

@@ -454,8 +454,9 @@ def query_many(
     each modality's queries in one batch; nothing is written anywhere), refuse queries that came out different
     (model, revision, space, width), then search for all of them together (`search_many`).
 
-    Retrieval indexes (EmbeddingGemma 2): queries get the checkpoint's `query` prompt unless `prompt_name` or
-    `prompt` says otherwise. Soft-token indexes (Gemma 4): queries are media files, pooled to their mean row.
+    Retrieval indexes: queries get the prompt the index's family names for queries (`Family.queries`; the
+    EmbeddingGemma families: the checkpoint's `query` prompt) unless `prompt_name` or `prompt` says otherwise.
+    Soft-token indexes: queries are media files, pooled to their mean row.
     A query that cannot be embedded (an unreadable file) gets its error; the others are answered."""
     from gemma_embed import index as ann
     from gemma_embed.embedder import Embedder
@@ -470,12 +471,14 @@ def query_many(
     if space != "retrieval" and any(q.text is not None for q in queries):
         raise UsageError(
             f"{index}: holds {space or 'tower'} rows of {header.get('model_type') or 'a model'} with no text "
-            f"encoder; search it with --image, --audio or --video, or index with an EmbeddingGemma 2 checkpoint"
+            f"encoder; search it with --image, --audio or --video{_text_query_families(header.get('modality', ''))}"
         )
     opened = ann.open_index(index, exact=exact)  # a stale index is refused before the model loads
-    prompts = _prompts(model or header["model"], header.get("revision") or None) if space == "retrieval" else {}
-    if space == "retrieval" and prompt is None and prompt_name is None:
-        prompt_name = "query" if "query" in prompts else None  # sentence-transformers' `encode_query` prompt
+    prompts: dict[str, str] = {}
+    if space == "retrieval":
+        prompts, query_prompt = _query_prompts(model or header["model"], header.get("revision") or None)
+        if prompt is None and prompt_name is None:
+            prompt_name = query_prompt
     budget = json.loads(header.get("preprocessing") or "{}").get("max_soft_tokens")
     embedder = Embedder(
         model or header["model"],
@@ -554,12 +557,32 @@ def _one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
-def _prompts(model: str, revision: str | None) -> dict[str, str]:
-    """The checkpoint's named prompts (sentence-transformers' config)."""
+def _query_prompts(model: str, revision: str | None) -> tuple[dict[str, str], str | None]:
+    """The checkpoint's named prompts and the one a query gets by default, as its family declares them
+    (`Family.queries`)."""
+    from gemma_embed.models.family import Queries
     from gemma_embed.models.loading import resolve_checkpoint
-    from gemma_embed.models.st_inputs import read_sentence_transformers
+    from gemma_embed.models.registry import find_family
 
-    return dict(read_sentence_transformers(resolve_checkpoint(model, revision)).prompts)
+    checkpoint = resolve_checkpoint(model, revision)
+    family = find_family(checkpoint.config)
+    queries = family.queries if family is not None else Queries()  # no family: the Embedder then says why
+    prompts = queries.prompts_of(checkpoint)
+    return prompts, queries.default_prompt(prompts)
+
+
+def _text_query_families(modality: str) -> str:
+    """How to make an output of `modality` that text can search: the families that put its items and texts in
+    one retrieval space."""
+    from gemma_embed.config import Modality, Space
+    from gemma_embed.models.registry import serving
+
+    try:
+        kind = Modality(modality)
+    except ValueError:
+        return ""
+    able = [f for f in serving(kind, Space.retrieval) if f in serving(Modality.text, Space.retrieval)]
+    return f", or index with an {' or '.join(f.name for f in able)} checkpoint" if able else ""
 
 
 # ---------------------------------------------------------------------------------------------- renderings

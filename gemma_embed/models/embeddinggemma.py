@@ -29,23 +29,22 @@ import functools
 import torch
 
 from gemma_embed.errors import CheckpointError, UsageError
-from gemma_embed.memory import text_sequence_cost
 from gemma_embed.models.base import PreparedItem, Unit
 from gemma_embed.models.loading import Checkpoint
 from gemma_embed.models.st_head import SentenceTextTower, token_batch
 from gemma_embed.models.st_inputs import (
+    ST_QUERIES,
     InputFormer,
     SentenceTransformerSetup,
     load_st_processor,
     read_sentence_transformers,
 )
+from gemma_embed.models.text_cost import text_sequence_cost
 from gemma_embed.pooling import mean_pool
 
 MODEL_TYPE = "gemma3_text"
 # Gemma3TextModel.save_pretrained writes its tensors without a prefix (embed_tokens., layers.N., norm.).
 TEXT_MODEL_PREFIXES = ("",)
-# The prompt `search` embeds its queries with (the checkpoint's config_sentence_transformers.json names it).
-QUERY_PROMPT_NAME = "query"
 
 
 def is_embeddinggemma(checkpoint: Checkpoint) -> bool:
@@ -216,10 +215,17 @@ def _family():
         name="EmbeddingGemma",
         model_types=(MODEL_TYPE,),
         examples=("google/embeddinggemma-300m",),
+        help=(
+            "text to one normalised vector, as sentence-transformers computes it: --prompt-name (the checkpoint's "
+            "prompts: query, document, ...) or --prompt, --dim to keep fewer dimensions (Matryoshka: 512, 256, "
+            "128); lines over its max_seq_length are cut as sentence-transformers cuts them. Not in float16 (its "
+            "activations overflow it)."
+        ),
         commands={Modality.text: Support(build_text, (Space.retrieval,))},
         check=_check,
         matches=lambda config: bool(getattr(config, "use_bidirectional_attention", False)),
         described_as=f"{MODEL_TYPE} with use_bidirectional_attention",
+        queries=ST_QUERIES,
     )
 
 

@@ -37,7 +37,6 @@ import torch
 
 from gemma_embed.config import Pool
 from gemma_embed.errors import CheckpointError, UsageError
-from gemma_embed.memory import text_sequence_cost
 from gemma_embed.models.base import PreparedItem, Unit
 from gemma_embed.models.gemma4 import resized_size, trim_vision_inputs
 from gemma_embed.models.gemma4_audio import gemma4_audio_rows
@@ -46,12 +45,14 @@ from gemma_embed.models.st_head import SentenceTextTower, token_batch
 from gemma_embed.models.st_inputs import (
     MODALITIES,
     MODEL_TYPE,
+    ST_QUERIES,
     InputFormer,
     SentenceTransformerSetup,
     load_st_processor,
     read_sentence_transformers,
     with_processing_kwargs,
 )
+from gemma_embed.models.text_cost import text_sequence_cost
 from gemma_embed.pooling import mean_pool
 
 TEXT_MODEL_PREFIXES = ("language_model.", "model.language_model.")
@@ -340,6 +341,11 @@ def _family():
         name="EmbeddingGemma 2",
         model_types=(MODEL_TYPE,),
         examples=("google/embeddinggemma-2",),
+        help=(
+            "images, video, audio and text to one normalised vector each, in one space (the Gemma 4 towers, then "
+            "the text model), as sentence-transformers computes them: --prompt-name or --prompt, --dim to keep "
+            "fewer dimensions. --space language or tower gives the Gemma 4 towers' own rows instead."
+        ),
         commands={
             Modality.images: Support(_build(build_images), spaces, tower=vision),
             Modality.video: Support(
@@ -348,6 +354,7 @@ def _family():
             Modality.audio: Support(_build(build_audio), spaces, tower=("audio", "gemma4_audio")),
             Modality.text: Support(_build(None), (Space.retrieval,)),
         },
+        queries=ST_QUERIES,
     )
 
 

@@ -1,5 +1,7 @@
-"""What a model family declares: the checkpoints it recognises, the commands and spaces it supports, and how it
-builds each command's stages. One `Family` per module in `models/`; `models/registry.py` lists them.
+"""What a model family declares: the checkpoints it recognises, the commands and spaces it supports, how it
+builds each command's stages (its preparers and towers, each tower with its own cost model), the words
+`gemma-embed models` says about it, and how `search` embeds a query for its outputs. One `Family` per module in
+`models/`; `models/registry.py` lists them, and `registry.register` adds one from anywhere else (a test, a notebook).
 
 Everything a family answers before building comes from the checkpoint's config alone, so every usage error
 (an unsupported command, space, --pool or --dim) is raised before any tensor is read.
@@ -35,6 +37,23 @@ class Support:
 
 
 @dataclass(frozen=True)
+class Queries:
+    """How `gemma-embed search` embeds a query of an output in the family's retrieval space."""
+
+    # The named prompt a query gets unless --prompt-name or --prompt says otherwise, where the checkpoint has it.
+    prompt_name: str | None = None
+    # The checkpoint's named prompts: checkpoint -> {name: prompt text}; None: it has none.
+    prompts: Callable[[Any], dict[str, str]] | None = None
+
+    def prompts_of(self, checkpoint: Any) -> dict[str, str]:
+        return dict(self.prompts(checkpoint)) if self.prompts is not None else {}
+
+    def default_prompt(self, prompts: dict[str, str]) -> str | None:
+        """The prompt name a query gets when none is asked for: the family's, if the checkpoint has it."""
+        return self.prompt_name if self.prompt_name in prompts else None
+
+
+@dataclass(frozen=True)
 class Family:
     name: str  # as people call it: "Gemma 4"
     model_types: tuple[str, ...]  # the checkpoint config's `model_type` values it recognises
@@ -48,6 +67,9 @@ class Family:
     matches: Callable[[Any], bool] | None = None
     # How its model types read where `matches` narrows them ("gemma3_text (bidirectional)"); the model types else.
     described_as: str | None = None
+    # What it gives and the options that matter for it, in a sentence or two: `gemma-embed models` prints it.
+    help: str = ""
+    queries: Queries = Queries()
 
     def recognises(self, config: Any) -> bool:
         if getattr(config, "model_type", None) not in self.model_types:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import torch
 
-from gemma_embed.memory import siglip_item_cost
 from gemma_embed.models.base import EncoderTower, PreparedItem, Unit
 from gemma_embed.models.fixed_resolution import FixedResolutionPreparer, FixedResolutionVideoPreparer
 from gemma_embed.models.loading import Checkpoint, tower_configs
@@ -159,6 +158,38 @@ class Gemma3VideoPreparer(FixedResolutionVideoPreparer):
         super().__init__(checkpoint, patches_per_image(config.vision_config), rows_per_image(config, space))
 
 
+# ------------------------------------------------------------------------------------------- the cost model
+
+
+def siglip_item_cost(
+    patches: int,
+    hidden: int,
+    intermediate: int,
+    heads: int,
+    bytes_per_element: int,
+    patch_dim: int = 3 * 14 * 14,
+    materialises_scores: bool = False,
+) -> int:
+    """Peak transient bytes one image adds to a Gemma 3 SigLIP vision-tower forward (+ multi_modal_projector),
+    the largest of its phases (bench/MEMORY.md compares this with profiler measurements):
+    - encoder MLP: fc1's output, its tanh-approximated GELU and that GELU's temporary live together, 3 * N * I
+      elements (measured exactly 3.0 at hidden 256; 3.07 at 1152), beside the residual stream and fc2's output;
+    - attention, only where the kernel materialises scores (eager): 2 * H * N^2 elements beside q/k/v/o;
+      SDPA without a mask (every batch is one fixed-size bucket) materialises none;
+    - patch embedding: the float32 pixels cast to the model dtype (3 x patch^2 per patch; no copy in float32)
+      and the embeddings.
+    The projector (4 x 4 average pooling, RMSNorm, one matmul) works on 16x fewer rows and never peaks.
+    """
+    n = max(0, int(patches))
+    if n == 0:
+        return 0
+    s = max(1, int(bytes_per_element))
+    mlp = n * (3 * intermediate + 2 * hidden) * s
+    embedder = (n * patch_dim * s if s != 4 else 0) + 2 * n * hidden * s
+    attention = (2 * heads * n * n + 8 * n * hidden) * s if materialises_scores else 0
+    return int(max(mlp, embedder, attention))
+
+
 # ------------------------------------------------------------------------------------------- the family
 
 
@@ -187,6 +218,11 @@ def _family():
         name="Gemma 3",
         model_types=(MODEL_TYPE,),
         examples=("google/gemma-3-4b-it", "google/gemma-3-27b-it"),
+        help=(
+            "SigLIP at one fixed size (896 px: 256 soft tokens an image, 4096 rows in the tower space), so every "
+            "batch is full and never padded. --pan-and-scan adds the image processor's crops of a wide or tall "
+            "image as further rows of the item; video frames go through the image processor one by one."
+        ),
         commands={
             Modality.images: Support(build_images, towers, tower=vision),
             Modality.video: Support(build_video, towers, pools=(Pool.none, Pool.mean, Pool.frame), tower=vision),

@@ -26,7 +26,6 @@ import math
 
 import torch
 
-from gemma_embed.memory import gemma3n_audio_item_cost
 from gemma_embed.models.audio import audio_sub_configs, pad_batch, strip_rows
 from gemma_embed.models.base import EncoderTower, Unit
 
@@ -123,6 +122,23 @@ class Gemma3nAudioTower(EncoderTower):
         return strip_rows(self.project(out.last_hidden_state, space), ~out.audio_mel_mask, units)
 
 
+# ------------------------------------------------------------------------------------------- the cost model
+
+
+def gemma3n_audio_item_cost(
+    mel_frames: int, channels: int = 128, mel_bins: int = 128, bytes_per_element: int = 4
+) -> int:
+    """Gemma 3n audio tower: per mel frame, the first subsampling convolution's output (channels x mel_bins/2
+    values per two frames) and the copies its cumulative group norm makes, which it computes in float32 whatever
+    the model dtype. Profiled in float32 (bench/bench_audio.py): 284 MiB for one 30 s clip at channels 128, about
+    six live copies of that output; five of them are float32 whatever the dtype."""
+    per_frame = channels * ((int(mel_bins) + 1) // 2) / 2
+    copies_fp32, copies_model = 5, 1
+    per_frame_bytes = per_frame * (copies_fp32 * 4 + copies_model * max(1, int(bytes_per_element)))
+    per_frame_bytes += 3 * int(mel_bins) * 4  # the padded mel batch and its copies inside the first block
+    return int(max(0, int(mel_frames)) * per_frame_bytes)
+
+
 # ------------------------------------------------------------------------------------------- the family
 
 
@@ -147,6 +163,11 @@ def _family():
         name="Gemma 3n",
         model_types=("gemma3n",),
         examples=("google/gemma-3n-e2b-it", "google/gemma-3n-e4b-it"),
+        help=(
+            "the MobileNetV5 vision tower at the processor's fixed size (768 px: 256 soft tokens an image; it needs "
+            "timm: pip install 'gemma-embed[gemma3n]'). The audio tower's soft tokens, a window of at most "
+            "--window-s at a time."
+        ),
         commands={
             Modality.images: Support(gemma3n_vision.build_images, towers, tower=vision),
             Modality.video: Support(

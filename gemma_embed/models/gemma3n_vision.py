@@ -20,7 +20,6 @@ import importlib.util
 import torch
 
 from gemma_embed.errors import CheckpointError
-from gemma_embed.memory import mobilenetv5_item_cost
 from gemma_embed.models.base import EncoderTower, Unit
 from gemma_embed.models.fixed_resolution import FixedResolutionImagePreparer, FixedResolutionVideoPreparer
 from gemma_embed.models.loading import Checkpoint, tower_configs
@@ -107,6 +106,25 @@ class Gemma3nVideoPreparer(FixedResolutionVideoPreparer):
     def __init__(self, checkpoint: Checkpoint):
         super().__init__(checkpoint, 0, int(checkpoint.config.vision_soft_tokens_per_image))
         self.length = input_pixels(self.processor)
+
+
+# ------------------------------------------------------------------------------------------- the cost model
+
+
+def mobilenetv5_item_cost(pixels: int, bytes_per_element: int) -> int:
+    """Peak transient bytes one image of `pixels` input pixels adds to a forward of Gemma 3n's MobileNetV5 encoder
+    (timm's `mobilenetv5_300m_enc`, the released architecture) and `embed_vision`.
+
+    A convolutional network's activations scale with the input's area: measured linear in pixels (512 and 768 px:
+    674 and 668 bytes a pixel in float32) and in the batch (bench/MEMORY.md). Its RMS norms compute in float32
+    whatever the model dtype, so bfloat16 saves only part (528 bytes a pixel): fitted as 74 bytes a pixel per byte
+    of the model dtype plus 96 float32 bytes, each raised 11% so the model stays above the measurement.
+    `embed_vision` works on the 256 soft tokens and never peaks. Other timm channel multipliers (the test
+    checkpoint's) are not modelled: their fixed costs dominate at small inputs.
+    """
+    n = max(0, int(pixels))
+    s = max(1, int(bytes_per_element))
+    return int(n * (82 * s + 105 * 4))
 
 
 # ------------------------------------------------------------------------------------------- the family's vision

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from gemma_embed.memory import vision_item_cost
 from gemma_embed.models.base import EncoderTower, PreparedItem, Unit
 from gemma_embed.models.loading import Checkpoint, load_processor, tower_configs
 
@@ -187,6 +186,43 @@ class Gemma4VideoPreparer(_VisionPreparer):
         return PreparedItem(units=units, meta=meta, rows_per_unit=rows_per_frame)
 
 
+# ------------------------------------------------------------------------------------------- the cost model
+
+
+def vision_item_cost(
+    patches: int,
+    hidden: int,
+    intermediate: int,
+    heads: int,
+    bytes_per_element: int,
+    pooling_kernel: int = 3,
+    patch_dim: int = 768,
+    materialises_scores: bool = False,
+) -> int:
+    """Peak transient bytes one image of `patches` patches adds to a Gemma 4 vision-tower forward.
+
+    The forward passes through phases whose transients do not coexist, so the peak is the largest phase
+    (bench/MEMORY.md compares this with profiler measurements):
+    - encoder MLP: gate, act(gate), up and their product live together, 4 * N * I elements, beside the
+      residual stream and the norms' float32 copies (3 * N * D float32; they matter in bf16);
+    - attention, only where the kernel materialises scores (eager): 2 * H * N^2 elements beside q/k/v/o and
+      the residual (8 * N * D);
+    - pooler: an int64 one-hot (N x M), its float copy and a bool mask, 13 * N * M bytes whatever the dtype,
+      beside the float32 hidden states;
+    - patch embedder: the 2*(px-0.5) float32 copy of the input and its projection.
+    """
+    n = max(0, int(patches))
+    if n == 0:
+        return 0
+    s = max(1, int(bytes_per_element))
+    tokens = max(1, n // (pooling_kernel * pooling_kernel))
+    mlp = n * (4 * intermediate * s + 3 * hidden * 4)
+    pooler = 13 * n * tokens + 2 * n * hidden * 4
+    embedder = 2 * n * patch_dim * 4 + n * hidden * s
+    attention = (2 * heads * n * n + 8 * n * hidden) * s if materialises_scores else 0
+    return int(max(mlp, pooler, embedder, attention))
+
+
 # ------------------------------------------------------------------------------------------- the family
 
 
@@ -224,6 +260,12 @@ def _family():
         name="Gemma 4",
         model_types=("gemma4",),
         examples=("google/gemma-4-e2b-it",),
+        help=(
+            "soft tokens of the vision tower (images, sampled video frames) at the processor's soft-token budget, "
+            "--max-soft-tokens 70, 140, 280, 560 or 1120 (the released checkpoints': 280 an image, 70 a frame, up to "
+            "32 frames a video); images of one patch count share a batch, never padded. The audio tower's soft "
+            "tokens, a window of at most --window-s at a time."
+        ),
         commands={
             Modality.images: Support(build_images, towers, tower=vision),
             Modality.video: Support(build_video, towers, pools=(Pool.none, Pool.mean, Pool.frame), tower=vision),

@@ -1,7 +1,8 @@
 """The model families gemma-embed runs, and the one place that decides what a checkpoint can do.
 
-A family is one module in `models/` exposing `FAMILY` (a `models.family.Family`); adding one is that module plus
-its line in `FAMILY_MODULES`. Everything here answers from the checkpoint's config alone: `resolve` checks the
+A family is one module in `models/` exposing `FAMILY` (a `models.family.Family`); adding one to the package is
+that module plus its line in `FAMILY_MODULES`, and code outside the package (a test, a notebook, another package)
+adds one with `register(family)`. Everything here answers from the checkpoint's config alone: `resolve` checks the
 command, space, --pool, --dim and prompts before any tensor is read, and the error for an unsupported checkpoint,
 `gemma-embed models` and the README's table of supported models come from the same table.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import textwrap
 from dataclasses import dataclass
 
 from gemma_embed.config import Modality, RunConfig, Space
@@ -23,11 +25,55 @@ FAMILY_MODULES = (
     "gemma_embed.models.embeddinggemma",
     "gemma_embed.models.embeddinggemma2",
 )
+HELP_WIDTH = 100  # the families' words below `gemma-embed models`' table, wrapped for a terminal
+# Families added by `register`, in the order they came: after the package's own, so a checkpoint a package family
+# recognises stays that family's.
+_registered: list[Family] = []
 
 
 @functools.cache
-def families() -> tuple[Family, ...]:
+def _package_families() -> tuple[Family, ...]:
+    """The package's own families (their modules imported once, on first use: they import torch)."""
     return tuple(importlib.import_module(name).FAMILY for name in FAMILY_MODULES)
+
+
+def families() -> tuple[Family, ...]:
+    """Every family, the package's then the registered ones: each lookup sees a family as soon as it is
+    registered."""
+    return (*_package_families(), *_registered)
+
+
+def register(family: Family) -> Family:
+    """Add a family from outside the package; `gemma-embed models`, every command, `search` and the errors that name
+    what would run take it from then on. Its model types must be ones transformers' AutoConfig knows
+    (`AutoConfig.register` for a new one): the checkpoint's config is read through it, and the loading checks
+    refuse a model type transformers does not have. Registering the same family again does nothing; another family
+    of a name already taken is refused (the table and the errors name families by name)."""
+    if not isinstance(family, Family):
+        raise TypeError(f"register() takes a gemma_embed.models.family.Family, not {type(family).__name__}")
+    present = families()
+    if family in present:
+        return family
+    if any(other.name == family.name for other in present):
+        raise ValueError(f"a family named {family.name!r} is registered already")
+    _registered.append(family)
+    return family
+
+
+def unregister(family: Family) -> None:
+    """Remove a family `register` added (a test's, when it ends); the package's own stay."""
+    if family not in _registered:
+        raise ValueError(f"{family.name!r} was not added by register()")
+    _registered.remove(family)
+
+
+def serving(modality: Modality, space: Space) -> list[Family]:
+    """The families whose `modality` command gives rows in `space`."""
+    return [f for f in families() if space in getattr(f.commands.get(modality), "spaces", ())]
+
+
+def _names(found: list[Family], joiner: str = " and ") -> str:
+    return joiner.join(f.name for f in found)
 
 
 def find_family(config) -> Family | None:
@@ -58,8 +104,10 @@ def resolve(config: RunConfig, checkpoint) -> Route:
     if support is None or space not in support.spaces or not _has_tower(checkpoint, support):
         raise _unsupported(checkpoint, modality, space)
     if space != Space.retrieval and (config.dim is not None or config.prompt is not None or config.prompt_name):
+        able = serving(modality, Space.retrieval)
         raise UsageError(
-            "--dim, --prompt and --prompt-name apply to retrieval vectors only (EmbeddingGemma checkpoints)"
+            "--dim, --prompt and --prompt-name apply to retrieval vectors only"
+            + (f" ({_names(able)} checkpoints)" if able else f" (no family gives them for {modality})")
         )
     pools = support.pools_for(space)
     if config.pool not in pools:
@@ -72,7 +120,8 @@ def resolve(config: RunConfig, checkpoint) -> Route:
 def _space(config: RunConfig, modality: Modality, support: Support | None) -> Space:
     space = Space(config.space)
     if modality == Modality.text and space not in (Space.auto, Space.retrieval):
-        raise UsageError("text has no tower rows: --space retrieval (EmbeddingGemma checkpoints) is the only one")
+        able = _names(serving(modality, Space.retrieval))
+        raise UsageError(f"text has no tower rows: --space retrieval ({able} checkpoints) is the only one")
     if space != Space.auto:
         return space
     if support is not None:
@@ -93,8 +142,8 @@ def _unsupported(checkpoint, modality: Modality, space: Space) -> CheckpointErro
     """Why this checkpoint cannot give `space` for `modality`, naming what can, from the families' table."""
     model_type = getattr(checkpoint.config, "model_type", "?")
     if space == Space.retrieval:
-        able = [f for f in families() if space in getattr(f.commands.get(modality), "spaces", ())]
-        names = " or ".join(f.name for f in able)
+        able = serving(modality, space)
+        names = _names(able, " or ")
         types = "; ".join(f.model_type_words() for f in able)
         return CheckpointError(
             f"{checkpoint.source}: {modality} to retrieval vectors need an {names} checkpoint "
@@ -130,9 +179,18 @@ def models_table() -> list[dict]:
             "examples": list(family.examples),
             "commands": [str(m) for m in family.commands],
             "spaces": [str(s) for s in family.spaces()],
+            "help": family_help(family),
         }
         for family in families()
     ]
+
+
+def family_help(family: Family) -> str:
+    """The family's own words, and which prompt `search` gives a query where it makes retrieval vectors."""
+    words = family.help
+    if Space.retrieval in family.spaces() and family.queries.prompt_name:
+        words += f" Search queries get the checkpoint's {family.queries.prompt_name!r} prompt where it has one."
+    return words.strip()
 
 
 def models_markdown() -> str:
@@ -161,7 +219,13 @@ def models_text() -> str:
     ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
-    return "\n".join(lines) + "\n"
+    # Below the table, each family's own words (what it gives, the options that matter for it).
+    notes = [
+        textwrap.fill(f"{r['family']}: {r['help']}", HELP_WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+        for r in models_table()
+        if r["help"]
+    ]
+    return "\n".join([*lines, *([""] + notes if notes else [])]) + "\n"
 
 
 def _described(config) -> str:

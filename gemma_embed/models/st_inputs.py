@@ -18,6 +18,7 @@ import torch
 
 from gemma_embed.config import Modality
 from gemma_embed.errors import CheckpointError, UsageError
+from gemma_embed.models.family import Queries
 from gemma_embed.models.loading import Checkpoint, load_pretrained
 
 MODEL_TYPE = "embedding_gemma2"
@@ -202,6 +203,16 @@ def read_sentence_transformers(checkpoint: Checkpoint) -> SentenceTransformerSet
         processing_kwargs=dict(transformer.get("processing_kwargs") or {}),
         processor_kwargs=processor_kwargs,
     )
+
+
+def st_prompts(checkpoint: Checkpoint) -> dict[str, str]:
+    """The checkpoint's named prompts (config_sentence_transformers.json)."""
+    return dict(read_sentence_transformers(checkpoint).prompts)
+
+
+# How `search` embeds a query of a sentence-transformers checkpoint's output: with its "query" prompt, as
+# `SentenceTransformer.encode_query` does (both EmbeddingGemma families).
+ST_QUERIES = Queries(prompt_name="query", prompts=st_prompts)
 
 
 def activation_module(path: str) -> torch.nn.Module:

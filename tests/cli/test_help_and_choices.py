@@ -37,8 +37,12 @@ def test_only_video_offers_pool_frame():
 
 
 def test_max_soft_tokens_says_its_default():
-    assert option_line(help_text("images"), "--max-soft-tokens").endswith("(default: the checkpoint's; Gemma 4: 280).")
-    assert option_line(help_text("video"), "--max-soft-tokens").endswith("(default: the checkpoint's; Gemma 4: 70).")
+    assert option_line(help_text("images"), "--max-soft-tokens").endswith("per image (default: the checkpoint's).")
+    assert option_line(help_text("video"), "--max-soft-tokens").endswith("per frame (default: the checkpoint's).")
+    # The released checkpoints' numbers are their family's words, which `gemma-embed models` prints.
+    models = CliRunner().invoke(cli.app, ["models"], env={"COLUMNS": "200"})
+    assert "Gemma 4: soft tokens" in models.output
+    assert "(the released checkpoints': 280 an image, 70 a frame," in " ".join(models.output.split())
 
 
 def test_plan_lists_its_modalities_and_search_k_shows_no_range():

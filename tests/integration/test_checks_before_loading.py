@@ -28,7 +28,7 @@ def config(tmp_path, **options) -> RunConfig:
     [
         # (worded for a Python caller: options named as RunConfig fields)
         ({"pool": "frame"}, "pool frame does not apply to images (choose none, mean)"),
-        ({"dim": 64}, "dim, prompt and prompt_name apply to retrieval vectors only (EmbeddingGemma checkpoints)"),
+        ({"dim": 64}, "dim, prompt and prompt_name apply to retrieval vectors only (EmbeddingGemma 2 checkpoints)"),
         ({"dim": 100_000, "model": EG2}, "dim 100000: the model's vectors have"),
         ({"inputs": (str(IMAGES) + "-typo",)}, "images-typo: no such file or directory"),
         (

@@ -28,7 +28,7 @@ def test_the_embedder_names_its_keywords():
     with pytest.raises(UsageError) as caught:
         gemma_embed.Embedder(SAMPLE_MODEL, device="cpu", memory_budget="1%", dim=8).embed([str(IMAGES / "tall.png")])
     assert str(caught.value) == (
-        "dim, prompt and prompt_name apply to retrieval vectors only (EmbeddingGemma checkpoints)"
+        "dim, prompt and prompt_name apply to retrieval vectors only (EmbeddingGemma 2 checkpoints)"
     )
 
 

@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from gemma_embed.config import RunConfig
+from gemma_embed.config import Modality, RunConfig, Space
 from gemma_embed.errors import CheckpointError, UsageError
 from gemma_embed.models import registry
+from gemma_embed.models.family import Family, Support
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,3 +87,46 @@ def test_pools_and_retrieval_options_are_checked_by_the_family():
 
 def test_the_readme_table_is_the_registrys():
     assert registry.models_markdown() in (ROOT / "README.md").read_text()
+
+
+def toy_family(name: str = "Toy", model_type: str = "toy_model") -> Family:
+    never_built = Support(lambda *args: pytest.fail("resolve never builds"), (Space.retrieval,))
+    return Family(name, (model_type,), ("toy/model",), {Modality.text: never_built}, help="a toy.")
+
+
+def test_a_registered_family_is_found_listed_and_named_until_it_is_unregistered():
+    toy = toy_family()
+    assert registry.register(toy) is toy
+    try:
+        assert registry.find_family(SimpleNamespace(model_type="toy_model")) is toy
+        assert str(resolve("text", checkpoint("toy_model")).space) == "retrieval"
+        registry.register(toy)  # again: nothing changes
+        assert [f.name for f in registry.families()].count("Toy") == 1
+        assert registry.models_table()[-1]["family"] == "Toy" and "\nToy: a toy.\n" in registry.models_text()
+        with pytest.raises(CheckpointError, match="need an EmbeddingGemma or EmbeddingGemma 2 or Toy checkpoint"):
+            resolve("text", GEMMA4)
+        with pytest.raises(UsageError) as caught:
+            resolve("text", checkpoint("toy_model"), space="tower")
+        assert str(caught.value) == (
+            "text has no tower rows: --space retrieval (EmbeddingGemma and EmbeddingGemma 2 and Toy checkpoints) is "
+            "the only one"
+        )
+        with pytest.raises(ValueError, match="a family named 'Toy' is registered already"):
+            registry.register(toy_family(model_type="another_model"))
+        with pytest.raises(ValueError, match="a family named 'Gemma 4' is registered already"):
+            registry.register(toy_family("Gemma 4"))
+    finally:
+        registry.unregister(toy)
+    assert registry.find_family(SimpleNamespace(model_type="toy_model")) is None
+    assert "Toy" not in registry.models_text()
+    with pytest.raises(ValueError, match="was not added by register"):
+        registry.unregister(registry.families()[0])  # the package's own stay
+
+
+def test_a_registered_family_never_takes_a_checkpoint_a_package_family_recognises():
+    shadow = toy_family("Shadow", "gemma4")
+    registry.register(shadow)
+    try:
+        assert registry.find_family(SimpleNamespace(model_type="gemma4")).name == "Gemma 4"
+    finally:
+        registry.unregister(shadow)
