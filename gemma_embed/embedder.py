@@ -58,7 +58,7 @@ class Sink(Protocol):
 
 
 @dataclass
-class Route:
+class CommandEngines:
     """One command's stages and the engines that run them, for one set of stage options."""
 
     stages: ModalityStages
@@ -136,7 +136,7 @@ class Embedder:
         self.checkpoint = resolve_checkpoint(config.model, config.revision)
         stored = stored_dtype(self.checkpoint) if config.dtype == "auto" else (None, "")  # the checkpoint's dtype
         self.dtype_choice = choose_dtype(config.dtype, self.device, *stored)
-        self._routes: dict[tuple, Route] = {}
+        self._commands: dict[tuple, CommandEngines] = {}
         self._towers: dict[tuple, Any] = {}  # loaded towers, shared between commands
 
     # ------------------------------------------------------------------------------------------ stages
@@ -148,7 +148,7 @@ class Embedder:
     def model_type(self) -> str:
         return getattr(self.checkpoint.config, "model_type", "")
 
-    def route(self, modality: str | Modality, **options: Any) -> Route:
+    def command(self, modality: str | Modality, **options: Any) -> CommandEngines:
         """The stages of one command with these options (the Embedder's own, updated by `options`), checked and
         built on first use, towers not loaded yet."""
         from gemma_embed.engine import Engine
@@ -156,7 +156,7 @@ class Embedder:
 
         config = dataclasses.replace(self.config, modality=Modality(modality), **options)
         key = (config.modality, *(getattr(config, name) for name in STAGE_OPTIONS))
-        if key not in self._routes:
+        if key not in self._commands:
             chosen = registry.resolve(config, self.checkpoint)  # every usage error, from configs alone
             stages = chosen.build(config, self.checkpoint, self.device, self.dtype)
             for stage in stages.chain:  # one tower object per tower, whichever command asks
@@ -178,8 +178,8 @@ class Embedder:
                 )
                 for stage in stages.chain
             ]
-            self._routes[key] = Route(stages, engines, host, cpu_threads=threads)
-        return self._routes[key]
+            self._commands[key] = CommandEngines(stages, engines, host, cpu_threads=threads)
+        return self._commands[key]
 
     def _host_plan(self, stages: ModalityStages):
         """How host memory is shared out (memory.host_plan): on a CPU the host is the device, so the towers'
@@ -194,19 +194,19 @@ class Embedder:
         return memory.host_plan(free, total, self.config.memory_budget, model, host_is_device=on_cpu)
 
     def stages(self, modality: str | Modality, **options: Any) -> ModalityStages:
-        return self.route(modality, **options).stages
+        return self.command(modality, **options).stages
 
-    def load(self, modality: str | Modality, **options: Any) -> Route:
-        """The command's route with its towers' weights read (each tower once)."""
-        route = self.route(modality, **options)
-        if not route.loaded:
-            for tower in route.stages.towers:
+    def load(self, modality: str | Modality, **options: Any) -> CommandEngines:
+        """The command's stages and engines with its towers' weights read (each tower once)."""
+        command = self.command(modality, **options)
+        if not command.loaded:
+            for tower in command.stages.towers:
                 tower.load()
-            route.host = self._host_plan(route.stages)  # free memory as it is with the weights in place
-            for engine in route.engines:
-                engine.budget_spec = route.host.chunk_spec(self.config.memory_budget)
-            route.loaded = True
-        return route
+            command.host = self._host_plan(command.stages)  # free memory as it is with the weights in place
+            for engine in command.engines:
+                engine.budget_spec = command.host.chunk_spec(self.config.memory_budget)
+            command.loaded = True
+        return command
 
     # ------------------------------------------------------------------------------------------ streaming
     def embed_stream(
@@ -217,15 +217,15 @@ class Embedder:
         lookup=None,
         window_items: int | None = None,
         **options: Any,
-    ) -> Route:
+    ) -> CommandEngines:
         """Every source through decode, prepare and the command's chain of stages; `sink` gets each item as it
-        finishes (reused by `lookup`, failed, or its pooled rows), in completion order. Returns the route (its
-        engines' chunking, backoffs and peaks)."""
-        route = self.load(modality, **options)
-        stages, pool = route.stages, Pool(options.get("pool", self.config.pool))
+        finishes (reused by `lookup`, failed, or its pooled rows), in completion order. Returns the command's
+        `CommandEngines` (their chunking, backoffs and peaks)."""
+        command = self.load(modality, **options)
+        stages, pool = command.stages, Pool(options.get("pool", self.config.pool))
         limit = stages.window_items or WINDOW_ITEMS  # the command's own (text: longer) or the default
         window = max(1, min(limit, window_items or limit))
-        pacer = route.pacer
+        pacer = command.pacer
         windows = prepared_stream(
             stages,
             sources,
@@ -234,25 +234,27 @@ class Embedder:
             lookup=lookup,
             overlap=self.device.type != "cpu" or OVERLAP_ON_CPU,
             enough_work=lambda units, work: pacer.enough_work(units, work, WINDOW_SECONDS),
-            host_budget=route.host.decode,
+            host_budget=command.host.decode,
         )
         # Closed however the loop ends: a stop signal (or a failed device) raises here while the stream is
         # suspended mid-window, with decodes waiting for room that only its close releases. Left to the garbage
         # collector, the exception's traceback kept it open and the process hung at exit, joining those decode
         # threads (seen: an interrupted run printed its summary, then never exited).
-        threads = route.cpu_threads.running() if route.cpu_threads is not None else contextlib.nullcontext()
+        threads = command.cpu_threads.running() if command.cpu_threads is not None else contextlib.nullcontext()
         with contextlib.closing(windows), threads:
             for batch in windows:
                 if self.should_stop is not None:
                     self.should_stop()
-                self.encode_window(route, batch, sink, pool)
+                self.encode_window(command, batch, sink, pool)
                 # Let this window's prepared tensors go now: the loop variable would hold them while the next
                 # window decodes (measured: ~150 MB of pixels at a 100-item window of 70-token images).
                 batch.clear()
-        return route
+        return command
 
-    def encode_window(self, route: Route, batch: list[Prepared], sink: Sink, pool: Pool | str | None = None) -> None:
-        """One window of decoded items through the route's chain of stages (batched together at every stage) and
+    def encode_window(
+        self, command: CommandEngines, batch: list[Prepared], sink: Sink, pool: Pool | str | None = None
+    ) -> None:
+        """One window of decoded items through the command's chain of stages (batched together at every stage) and
         pooling; `sink` gets each item: reused, failed (at decode or at any stage) or its pooled rows. The
         streaming loop above runs it per window, a Ray actor (ray_data.py) per batch it is given."""
         from gemma_embed.engine import encode_chain
@@ -298,8 +300,8 @@ class Embedder:
                 sink.done(p, pool_rows(rows, pool, p.item.rows_per_unit))
             pass_on_held()
 
-        feeds = [stage.feed for stage in route.stages.chain]
-        encode_chain(route.engines, feeds, [p.item for p in to_encode], [p.source.key for p in to_encode], finished)
+        feeds = [stage.feed for stage in command.stages.chain]
+        encode_chain(command.engines, feeds, [p.item for p in to_encode], [p.source.key for p in to_encode], finished)
         pass_on_held()
         to_encode.clear()
 
@@ -370,7 +372,7 @@ class Embedder:
                     kinds.add(self._modality_of(value))
                 except (UsageError, ValueError, TypeError):
                     continue
-        spaces = {self.route(kind).stages.space for kind in kinds}
+        spaces = {self.command(kind).stages.space for kind in kinds}
         return Space.retrieval if spaces == {Space.retrieval} else Space.language
 
     def _modality_of(self, value: Any) -> Modality:
