@@ -43,9 +43,9 @@ def run(
     exception; `UsageError` means the run could not start (its message names options as RunConfig's fields:
     `overwrite=True`), `RunError` that it could not write.
 
-    The process is left alone unless `own_process` (the command line): then SIGINT/SIGTERM stop the run at the next
-    safe point (saving what is done), and what libraries print (Python warnings, logging, C code on fd 2) is
-    captured into the items that caused it. `writer` makes the run's `writers.Writer` (default: the gemma-embed/1
+    The process is left alone unless `own_process` (the command line): then SIGINT, SIGTERM, SIGHUP and SIGQUIT stop
+    the run at the next safe point (saving what is done), and what libraries print (Python warnings, logging, C code
+    on fd 2) is captured into the items that caused it. `writer` makes the run's `writers.Writer` (default: the gemma-embed/1
     safetensors output).
     """
     try:

@@ -380,10 +380,12 @@ def _signal_handlers_kept():
     import signal
     import threading
 
+    from gemma_embed.interrupts import STOP_SIGNALS
+
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    kept = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
