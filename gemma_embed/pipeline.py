@@ -45,8 +45,8 @@ def run(
 
     The process is left alone unless `own_process` (the command line): then SIGINT, SIGTERM, SIGHUP and SIGQUIT stop
     the run at the next safe point (saving what is done), and what libraries print (Python warnings, logging, C code
-    on fd 2) is captured into the items that caused it. `writer` makes the run's `writers.Writer` (default: the gemma-embed/1
-    safetensors output).
+    on fd 2) is captured into the items that caused it. `writer` makes the run's `writers.Writer` (default: the
+    gemma-embed/1 safetensors output).
     """
     try:
         with distributed.writer_lock(config.output, config.num_slices, config.slice_index):  # one writer per output
