@@ -93,19 +93,19 @@ def child_ours(ckpt: str, corpus: str, out: str, batch_size: str) -> dict:
 
     options = {} if batch_size == "auto" else {"batch_size": int(batch_size)}
     embedder = Embedder(ckpt, device="cpu", **options)
-    route = embedder.load("text")
+    command = embedder.load("text")
     lines = read_lines(corpus)
     with Timer() as embed:
         vectors = embedder.encode(lines, modality="text")
     np.save(out, vectors)
-    engine = route.engines[0]
+    engine = command.engines[0]
     return {
         "embed_s": embed.seconds,
         "items": len(lines),
         "peak_rss": peak_rss(),
         "padding": engine.padding_share(),
-        "chunking": route.chunking(),
-        "cpu_threads": route.cpu_threads.report(),
+        "chunking": command.chunking(),
+        "cpu_threads": command.cpu_threads.report(),
     }
 
 

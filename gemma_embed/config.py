@@ -605,7 +605,7 @@ class RunConfig:
             try:
                 object.__setattr__(self, f.name, spec.parse(value))
             except ValueError as exc:
-                raise ValueError(f"--{f.name.replace('_', '-')}: {exc}") from None
+                raise ValueError(f"{f.name}: {exc}") from None
         if self.model is None:
             object.__setattr__(self, "model", DEFAULT_MODELS[self.modality.value])
         if isinstance(self.inputs, (str, Path)):
@@ -630,14 +630,15 @@ class RunConfig:
         )
 
     def check(self) -> None:
-        """Every field's own check; ValueError naming the option (as the command line spells it)."""
+        """Every field's own check; ValueError naming the field (as a Python caller spells it: `batch_size`; the
+        command line's callbacks run the same checks first, naming the flag)."""
         for f in dataclasses.fields(self):
             spec = option_of(f)
             if spec is not None and spec.check is not None:
                 try:
                     spec.check(getattr(self, f.name))
                 except ValueError as exc:
-                    raise ValueError(f"--{f.name.replace('_', '-')}: {exc}") from None
+                    raise ValueError(f"{f.name}: {exc}") from None
 
 
 @functools.cache

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,6 +45,8 @@ STAGE_OPTIONS = (
     "max_frames",
     "window_s",
 )
+# What a command's engines depend on besides its stages: another value is another set of engines (the towers shared).
+ENGINE_OPTIONS = ("batch_size",)
 
 
 class Sink(Protocol):
@@ -58,7 +60,7 @@ class Sink(Protocol):
 
 
 @dataclass
-class Route:
+class CommandEngines:
     """One command's stages and the engines that run them, for one set of stage options."""
 
     stages: ModalityStages
@@ -82,10 +84,12 @@ class Route:
 
 @dataclass
 class _Collected:
-    """A Sink for `embed`: each input's pooled rows, or its failure, in its slot."""
+    """A Sink for `embed`: each input's pooled rows, or its failure, in its slot (and on a progress bar, when
+    the caller asked for one)."""
 
     results: list
     order: dict[str, int] = field(default_factory=dict)
+    progress: Any = None  # a progress.Reporter drawing a bar, or None
 
     def reused(self, prepared: Prepared) -> None:  # pragma: no cover - embed() looks nothing up
         raise AssertionError("embed() reuses nothing")
@@ -93,9 +97,44 @@ class _Collected:
     def failed(self, error: ItemError, warnings: list[str] | None = None) -> None:
         error.warnings = error.warnings or list(warnings or [])
         self.results[self.order[error.key]] = error
+        if self.progress is not None:
+            self.progress.result.item_failed(error)
+            self.progress.item_failed(error)
 
     def done(self, prepared: Prepared, rows) -> None:
         self.results[self.order[prepared.source.key]] = rows
+        if self.progress is not None:
+            self.progress.result.item_done(int(rows.shape[0]))
+            self.progress.item_done(prepared.source.key, int(rows.shape[0]))
+
+
+@contextlib.contextmanager
+def _progress_bar(show: bool | None, total: int):
+    """`encode(show_progress_bar=True)`: a bar on stderr for this call (a Reporter's, which names no item and
+    prints no summary line); None otherwise: the library prints nothing unless asked."""
+    if not show:
+        yield None
+        return
+    from gemma_embed.progress import Reporter
+    from gemma_embed.result import RunResult
+
+    reporter = Reporter(live=True, emit_json=False)
+    reporter.start("encode", RunResult(), total=total)
+    try:
+        yield reporter
+    finally:
+        reporter._stop_live()
+
+
+def is_single_input(inputs: Any) -> bool:
+    """Whether `inputs` is one input rather than a batch of them, as sentence-transformers decides it (a list, a
+    tuple or a numpy array of strings or objects is a batch) except that audio as `(samples, rate)` is one input."""
+    if _is_audio(inputs):
+        return True
+    if isinstance(inputs, (list, tuple)):
+        return False
+    kind = getattr(getattr(inputs, "dtype", None), "kind", None)
+    return not (getattr(inputs, "ndim", 0) >= 1 and kind in ("U", "O"))
 
 
 class Embedder:
@@ -136,8 +175,9 @@ class Embedder:
         self.checkpoint = resolve_checkpoint(config.model, config.revision)
         stored = stored_dtype(self.checkpoint) if config.dtype == "auto" else (None, "")  # the checkpoint's dtype
         self.dtype_choice = choose_dtype(config.dtype, self.device, *stored)
-        self._routes: dict[tuple, Route] = {}
+        self._commands: dict[tuple, CommandEngines] = {}
         self._towers: dict[tuple, Any] = {}  # loaded towers, shared between commands
+        self._elsewhere: dict[str, Embedder] = {}  # encode(device=...): this Embedder on other devices
 
     # ------------------------------------------------------------------------------------------ stages
     @property
@@ -148,15 +188,19 @@ class Embedder:
     def model_type(self) -> str:
         return getattr(self.checkpoint.config, "model_type", "")
 
-    def route(self, modality: str | Modality, **options: Any) -> Route:
+    def command(self, modality: str | Modality, **options: Any) -> CommandEngines:
         """The stages of one command with these options (the Embedder's own, updated by `options`), checked and
         built on first use, towers not loaded yet."""
         from gemma_embed.engine import Engine
         from gemma_embed.models import registry
 
-        config = dataclasses.replace(self.config, modality=Modality(modality), **options)
-        key = (config.modality, *(getattr(config, name) for name in STAGE_OPTIONS))
-        if key not in self._routes:
+        try:
+            config = dataclasses.replace(self.config, modality=Modality(modality), **options)
+            config.check()
+        except ValueError as exc:  # a keyword's value (batch_size=-3), named as the caller wrote it
+            raise UsageError(str(exc)) from None
+        key = (config.modality, *(getattr(config, name) for name in STAGE_OPTIONS + ENGINE_OPTIONS))
+        if key not in self._commands:
             chosen = registry.resolve(config, self.checkpoint)  # every usage error, from configs alone
             stages = chosen.build(config, self.checkpoint, self.device, self.dtype)
             for stage in stages.chain:  # one tower object per tower, whichever command asks
@@ -178,8 +222,8 @@ class Embedder:
                 )
                 for stage in stages.chain
             ]
-            self._routes[key] = Route(stages, engines, host, cpu_threads=threads)
-        return self._routes[key]
+            self._commands[key] = CommandEngines(stages, engines, host, cpu_threads=threads)
+        return self._commands[key]
 
     def _host_plan(self, stages: ModalityStages):
         """How host memory is shared out (memory.host_plan): on a CPU the host is the device, so the towers'
@@ -194,19 +238,19 @@ class Embedder:
         return memory.host_plan(free, total, self.config.memory_budget, model, host_is_device=on_cpu)
 
     def stages(self, modality: str | Modality, **options: Any) -> ModalityStages:
-        return self.route(modality, **options).stages
+        return self.command(modality, **options).stages
 
-    def load(self, modality: str | Modality, **options: Any) -> Route:
-        """The command's route with its towers' weights read (each tower once)."""
-        route = self.route(modality, **options)
-        if not route.loaded:
-            for tower in route.stages.towers:
+    def load(self, modality: str | Modality, **options: Any) -> CommandEngines:
+        """The command's stages and engines with its towers' weights read (each tower once)."""
+        command = self.command(modality, **options)
+        if not command.loaded:
+            for tower in command.stages.towers:
                 tower.load()
-            route.host = self._host_plan(route.stages)  # free memory as it is with the weights in place
-            for engine in route.engines:
-                engine.budget_spec = route.host.chunk_spec(self.config.memory_budget)
-            route.loaded = True
-        return route
+            command.host = self._host_plan(command.stages)  # free memory as it is with the weights in place
+            for engine in command.engines:
+                engine.budget_spec = command.host.chunk_spec(self.config.memory_budget)
+            command.loaded = True
+        return command
 
     # ------------------------------------------------------------------------------------------ streaming
     def embed_stream(
@@ -217,15 +261,15 @@ class Embedder:
         lookup=None,
         window_items: int | None = None,
         **options: Any,
-    ) -> Route:
+    ) -> CommandEngines:
         """Every source through decode, prepare and the command's chain of stages; `sink` gets each item as it
-        finishes (reused by `lookup`, failed, or its pooled rows), in completion order. Returns the route (its
-        engines' chunking, backoffs and peaks)."""
-        route = self.load(modality, **options)
-        stages, pool = route.stages, Pool(options.get("pool", self.config.pool))
+        finishes (reused by `lookup`, failed, or its pooled rows), in completion order. Returns the command's
+        `CommandEngines` (their chunking, backoffs and peaks)."""
+        command = self.load(modality, **options)
+        stages, pool = command.stages, Pool(options.get("pool", self.config.pool))
         limit = stages.window_items or WINDOW_ITEMS  # the command's own (text: longer) or the default
         window = max(1, min(limit, window_items or limit))
-        pacer = route.pacer
+        pacer = command.pacer
         windows = prepared_stream(
             stages,
             sources,
@@ -234,25 +278,27 @@ class Embedder:
             lookup=lookup,
             overlap=self.device.type != "cpu" or OVERLAP_ON_CPU,
             enough_work=lambda units, work: pacer.enough_work(units, work, WINDOW_SECONDS),
-            host_budget=route.host.decode,
+            host_budget=command.host.decode,
         )
         # Closed however the loop ends: a stop signal (or a failed device) raises here while the stream is
         # suspended mid-window, with decodes waiting for room that only its close releases. Left to the garbage
         # collector, the exception's traceback kept it open and the process hung at exit, joining those decode
         # threads (seen: an interrupted run printed its summary, then never exited).
-        threads = route.cpu_threads.running() if route.cpu_threads is not None else contextlib.nullcontext()
+        threads = command.cpu_threads.running() if command.cpu_threads is not None else contextlib.nullcontext()
         with contextlib.closing(windows), threads:
             for batch in windows:
                 if self.should_stop is not None:
                     self.should_stop()
-                self.encode_window(route, batch, sink, pool)
+                self.encode_window(command, batch, sink, pool)
                 # Let this window's prepared tensors go now: the loop variable would hold them while the next
                 # window decodes (measured: ~150 MB of pixels at a 100-item window of 70-token images).
                 batch.clear()
-        return route
+        return command
 
-    def encode_window(self, route: Route, batch: list[Prepared], sink: Sink, pool: Pool | str | None = None) -> None:
-        """One window of decoded items through the route's chain of stages (batched together at every stage) and
+    def encode_window(
+        self, command: CommandEngines, batch: list[Prepared], sink: Sink, pool: Pool | str | None = None
+    ) -> None:
+        """One window of decoded items through the command's chain of stages (batched together at every stage) and
         pooling; `sink` gets each item: reused, failed (at decode or at any stage) or its pooled rows. The
         streaming loop above runs it per window, a Ray actor (ray_data.py) per batch it is given."""
         from gemma_embed.engine import encode_chain
@@ -298,25 +344,30 @@ class Embedder:
                 sink.done(p, pool_rows(rows, pool, p.item.rows_per_unit))
             pass_on_held()
 
-        feeds = [stage.feed for stage in route.stages.chain]
-        encode_chain(route.engines, feeds, [p.item for p in to_encode], [p.source.key for p in to_encode], finished)
+        feeds = [stage.feed for stage in command.stages.chain]
+        encode_chain(command.engines, feeds, [p.item for p in to_encode], [p.source.key for p in to_encode], finished)
         pass_on_held()
         to_encode.clear()
 
     # ------------------------------------------------------------------------------------------ in memory
-    def embed(self, inputs: Sequence[Any], modality: str | Modality | None = None, **options: Any) -> list:
+    def embed(self, inputs: Any, modality: str | Modality | None = None, **options: Any) -> Any:
         """One result per input, in order: its rows (a float tensor, pooled as `pool` says), or an `ItemError`
         for an input that cannot be embedded. Inputs: file paths (`str` or `Path`), bytes, PIL images, audio as
-        `(samples, sample_rate)` or `{"array": ..., "sampling_rate": ...}`, and strings of text.
+        `(samples, sample_rate)` or `{"array": ..., "sampling_rate": ...}`, and strings of text. One input given
+        alone (not in a list) gives its one result, not a list (as `SentenceTransformer.encode` does).
 
         Without `modality`, each input's kind is its type's: a PIL image is an image, audio is a pair with a rate;
         a `Path` (or a `str` where the checkpoint embeds no text) is a file, of the command whose decoders take
         its extension; a `str` is text where the checkpoint embeds text (as in sentence-transformers: pass
         `modality="images"` to read paths instead)."""
+        single = is_single_input(inputs)
         with _python_words():
-            return self._embed(inputs, modality, **options)
+            results = self._embed([inputs] if single else list(inputs), modality, **options)
+        return results[0] if single else results
 
-    def _embed(self, inputs: Sequence[Any], modality: str | Modality | None = None, **options: Any) -> list:
+    def _embed(
+        self, inputs: list, modality: str | Modality | None = None, progress: Any = None, **options: Any
+    ) -> list:
         results: list = [None] * len(inputs)
         by_modality: dict[Modality, list[Source]] = {}
         for index, value in enumerate(inputs):
@@ -327,40 +378,114 @@ class Embedder:
             except (UsageError, ValueError, TypeError) as exc:
                 results[index] = ItemError(key, "find", str(exc), type(exc).__name__)
         for kind, sources in by_modality.items():
-            sink = _Collected(results, {s.key: s.position for s in sources})
+            sink = _Collected(results, {s.key: s.position for s in sources}, progress)
             self.embed_stream(sources, kind, sink, **options)
         return results
 
     def encode(
         self,
-        inputs: Sequence[Any],
-        modality: str | Modality | None = None,
+        inputs: Any,
         prompt_name: str | None = None,
         prompt: str | None = None,
+        batch_size: int | None = None,
+        show_progress_bar: bool | None = None,
+        output_value: str | None = "sentence_embedding",
+        precision: str = "float32",
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        device: str | None = None,
+        normalize_embeddings: bool = False,
+        truncate_dim: int | None = None,
+        *,
+        modality: str | Modality | None = None,
         dim: int | None = None,
+        pool: Any = None,
+        chunk_size: int | None = None,
     ):
-        """An [N, D] float32 numpy array, one row per input: retrieval vectors, or a tower's rows mean-pooled;
-        ItemError is raised for the first input that cannot be embedded (`embed` keeps going instead)."""
-        import numpy as np
+        """One vector per input, as `SentenceTransformer.encode` gives them, with its keywords and their meaning:
+        retrieval vectors, or a tower's rows mean-pooled. A list of inputs gives an [N, D] float32 numpy array (a
+        torch tensor with `convert_to_tensor=True`; a list of 1-D tensors with `convert_to_numpy=False`); one input
+        alone gives its [D] vector. `batch_size` caps the inputs a device batch holds (None: the engine's own
+        choice), `truncate_dim` (or `dim`) keeps the first dimensions renormalised, `normalize_embeddings` scales
+        each vector to unit length, `precision` quantizes as sentence-transformers' `quantize_embeddings` does
+        (int8, uint8, binary, ubinary), `device` computes on that device (towers loaded there once),
+        `show_progress_bar` draws a bar on stderr. An ItemError is raised for the first input that cannot be
+        embedded (`embed` keeps going instead)."""
+        import torch
 
-        options: dict[str, Any] = {"prompt_name": prompt_name, "prompt": prompt, "dim": dim}
+        from gemma_embed.quantize import check_precision, quantize
+
+        try:
+            check_precision(precision)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if output_value != "sentence_embedding":
+            raise UsageError(
+                f"output_value={output_value!r}: encode gives one vector an item; an item's rows (its soft tokens) "
+                f"come from embed(inputs, pool='none')"
+            )
+        if pool is not None or chunk_size is not None:
+            raise UsageError(
+                "pool and chunk_size (sentence-transformers' multi-process pool) are not used: the Embedder batches "
+                "the inputs on its device itself; leave them out"
+            )
+        if truncate_dim is not None and dim is not None and truncate_dim != dim:
+            raise UsageError(f"truncate_dim={truncate_dim} and dim={dim}: give one of them")
+        embedder = self._on(device)
+        single = is_single_input(inputs)
+        values = [inputs] if single else list(inputs)
+        options: dict[str, Any] = {
+            "prompt_name": prompt_name,
+            "prompt": prompt,
+            "dim": truncate_dim if truncate_dim is not None else dim,
+            "batch_size": batch_size,
+        }
         options = {name: value for name, value in options.items() if value is not None}
-        if self._space(modality, inputs) != Space.retrieval:
+        if embedder._space(modality, values) != Space.retrieval:
             options["pool"] = Pool.mean
-        rows = self.embed(inputs, modality, **options)
+        with _python_words(), _progress_bar(show_progress_bar, len(values)) as progress:
+            rows = embedder._embed(values, modality, progress=progress, **options)
         failed = next((r for r in rows if isinstance(r, ItemError)), None)
         if failed is not None:
             raise failed
         width = int(rows[0].shape[-1]) if rows else 0
-        return np.stack([r.float().reshape(-1).numpy() for r in rows]) if rows else np.zeros((0, width), np.float32)
+        vectors = torch.stack([r.float().reshape(-1) for r in rows]) if rows else torch.zeros((0, width))
+        if normalize_embeddings:
+            vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
+        if precision != "float32":
+            try:
+                vectors = torch.from_numpy(quantize(vectors.numpy(), precision))
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        if convert_to_tensor:
+            out: Any = vectors
+        elif convert_to_numpy:
+            out = vectors.numpy()
+        else:
+            out = list(vectors)
+        return out[0] if single else out
 
-    def encode_query(self, inputs: Sequence[Any], **options: Any):
+    def encode_query(self, inputs: Any, **options: Any):
         """`encode` with the checkpoint's `query` prompt, as sentence-transformers' `encode_query`."""
         return self.encode(inputs, prompt_name="query", **options)
 
-    def encode_document(self, inputs: Sequence[Any], **options: Any):
+    def encode_document(self, inputs: Any, **options: Any):
         """`encode` with the checkpoint's `document` prompt, as sentence-transformers' `encode_document`."""
         return self.encode(inputs, prompt_name="document", **options)
+
+    def _on(self, device: str | None) -> Embedder:
+        """This Embedder, or (for `encode(..., device=...)` naming another device) one like it on that device,
+        made once and kept: its towers are loaded there the first time it is used."""
+        from gemma_embed.device import resolve_device
+
+        if device is None or resolve_device(str(device)) == self.device:
+            return self
+        wanted = str(resolve_device(str(device)))
+        if wanted not in self._elsewhere:
+            self._elsewhere[wanted] = Embedder.from_config(
+                dataclasses.replace(self.config, device=wanted), self.reporter, self.should_stop
+            )
+        return self._elsewhere[wanted]
 
     def _space(self, modality, inputs) -> Space:
         kinds = {Modality(modality)} if modality is not None else set()
@@ -370,7 +495,7 @@ class Embedder:
                     kinds.add(self._modality_of(value))
                 except (UsageError, ValueError, TypeError):
                     continue
-        spaces = {self.route(kind).stages.space for kind in kinds}
+        spaces = {self.command(kind).stages.space for kind in kinds}
         return Space.retrieval if spaces == {Space.retrieval} else Space.language
 
     def _modality_of(self, value: Any) -> Modality:

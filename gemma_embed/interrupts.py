@@ -1,4 +1,7 @@
-"""SIGINT/SIGTERM: ask the run to stop at the next safe point, so finished items are flushed, not lost.
+"""SIGINT, SIGTERM, SIGHUP and SIGQUIT: ask the run to stop at the next safe point, so finished items are flushed,
+not lost. SIGHUP is what a closed terminal (or a dropped ssh session) sends: by default it killed the run with
+nothing saved and exit 129; SIGQUIT (Ctrl-\\) would dump core. Each now saves like Ctrl-C, and the exit code stays
+128 + the signal's number (129 for SIGHUP, 131 for SIGQUIT), so a caller still sees which one it was.
 
 While nothing can be lost yet (loading the model), `immediate` makes the signal raise at once instead.
 A second signal falls back to the default behaviour (immediate exit), for a user who really means it.
@@ -25,6 +28,10 @@ from typing import TypeVar
 T = TypeVar("T")
 
 POLL_S = 0.1  # how often a main thread waiting for an input looks at the stop flag
+# The signals that stop a run at the next safe point (those of them this platform has: Windows lacks the last two).
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name)
+)
 
 
 class Interrupted(Exception):
@@ -55,7 +62,7 @@ def stop_on_signals(immediate: bool = False):
     if threading.current_thread() is not threading.main_thread():
         yield flag
         return
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
 
     def handler(signum, frame):
         flag.signum = signum

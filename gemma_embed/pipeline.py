@@ -1,7 +1,8 @@
-"""The only place that knows the order of a run: sources -> Embedder -> store -> report.
+"""The only place that knows the order of a run: sources -> runner -> writer -> report.
 
-    find (sources/) -> decode, prepare, encode, pool (embedder.py: the engine every way in shares)
-    -> write (store/: parts, resume, the final file) -> report (progress.py, result.py)
+    find (sources/) -> decode, prepare, encode, pool (a `runners.Runner`: this process's Embedder, a slice of the
+    input, or a Ray cluster) -> write (a `writers.Writer`: the safetensors output with its parts and --resume)
+    -> report (progress.py, result.py)
 
 Everything that can make the whole run wrong (an option, the command for this checkpoint, a missing input path, the
 output path) is checked before any weight is read. A run ends one way: `_finish` saves what is done, whether the
@@ -11,7 +12,6 @@ input ran out, a signal stopped it or the device failed.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -19,148 +19,100 @@ from collections.abc import Iterator
 from gemma_embed import capture, distributed, memory, store
 from gemma_embed.config import RunConfig, Space, python_spelling
 from gemma_embed.decoding import Prepared, prepared_stream
-from gemma_embed.embedder import Embedder, Route
+from gemma_embed.embedder import Embedder
 from gemma_embed.errors import DeviceError, ItemError, UsageError
 from gemma_embed.interrupts import Interrupted, StopFlag, stop_on_signals
 from gemma_embed.progress import Reporter
 from gemma_embed.result import RunResult
+from gemma_embed.runners import LocalRunner, Runner, SliceRunner
 from gemma_embed.sources import Source, check_given_paths, count_sources, iter_sources, require_input, skipped_note
 from gemma_embed.sources.text import iter_text_sources
+from gemma_embed.writers import SafetensorsWriter, Writer, WriterFactory
 
 
-def _header(config: RunConfig, embedder: Embedder, route: Route) -> dict[str, str]:
-    stages = route.stages
-    return store.make_header(
-        model=config.model,
-        revision=config.revision,
-        modality=config.modality,
-        space=stages.space,
-        pooling=config.pool,
-        compute_dtype=embedder.dtype_choice.name,
-        dtype_reason=embedder.dtype_choice.reason,
-        device=str(embedder.device),
-        model_type=embedder.model_type,
-        preprocessing=json.dumps(stages.preparer.describe()),
-        # Retrieval vectors: their width (--dim), which a search query must share. Tower rows: none (as before).
-        **({"dim": stages.width} if stages.space == Space.retrieval else {}),
-    )
-
-
-def run(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_process: bool = False) -> RunResult:
+def run(
+    config: RunConfig,
+    reporter: Reporter | None = None,
+    stdin=None,
+    own_process: bool = False,
+    writer: WriterFactory = SafetensorsWriter,
+) -> RunResult:
     """Embed every item of `config.inputs` (this process's slice of them) into `config.output`.
 
     Returns a `RunResult` (counts, failures, output path, chunking). A bad item is a failure record, never an
     exception; `UsageError` means the run could not start (its message names options as RunConfig's fields:
     `overwrite=True`), `RunError` that it could not write.
 
-    The process is left alone unless `own_process` (the command line): then SIGINT/SIGTERM stop the run at the next
-    safe point (saving what is done), and what libraries print (Python warnings, logging, C code on fd 2) is
-    captured into the items that caused it.
+    The process is left alone unless `own_process` (the command line): then SIGINT, SIGTERM, SIGHUP and SIGQUIT stop
+    the run at the next safe point (saving what is done), and what libraries print (Python warnings, logging, C code
+    on fd 2) is captured into the items that caused it. `writer` makes the run's `writers.Writer` (default: the
+    gemma-embed/1 safetensors output).
     """
     try:
         with distributed.writer_lock(config.output, config.num_slices, config.slice_index):  # one writer per output
-            return _run(config, reporter, stdin, own_process)
+            return _run(config, reporter, stdin, own_process, writer)
     except UsageError as exc:
         if own_process:  # the command line's words
             raise
         raise type(exc)(python_spelling(str(exc))) from None
 
 
-def _run(config: RunConfig, reporter: Reporter | None, stdin, own_process: bool) -> RunResult:
+def _run(config: RunConfig, reporter: Reporter | None, stdin, own_process: bool, make_writer: WriterFactory):
     reporter = reporter or Reporter.silent()
     if config.prune and not config.resume:
         raise UsageError("--prune goes with --resume (it drops items of the existing output)")
-    part = distributed.current_slice(config.num_slices, config.slice_index)
-    if config.ray is not None:  # before anything is read: Ray is there, and the input is not split otherwise
-        from gemma_embed.ray_data import require_ray
-
-        require_ray()
-        if part.is_split:
-            raise UsageError("--ray runs the whole input as one Ray job: leave out --num-slices (and torchrun)")
-    output = part.output(config.output)
-    store.check_output_path(output, config.overwrite, config.resume)
-    if part.is_split:
-        store.check_output_path(config.output, config.overwrite, config.resume)
-    skipped: Counter = Counter()  # files the folder walk passes over, by extension
-    result = RunResult()
     signals = stop_on_signals(immediate=True) if own_process else contextlib.nullcontext(StopFlag())
     with signals as stop:
+        runner = runner_for(config, reporter, stop.check)  # before anything is read: the options go together
+        store.check_output_path(runner.output, config.overwrite, config.resume)
+        if runner.output != config.output:  # a slice: the joined output must not be clobbered either
+            store.check_output_path(config.output, config.overwrite, config.resume)
+        skipped: Counter = Counter()  # files the folder walk passes over, by extension
         waiting = "waiting for the first input"  # a list on stdin may take its time
         try:
             found = _require_input(config, stdin, skipped)  # before loading a model
-            if part.is_split:
-                distributed.begin_slice(config.output, part)
+            runner.begin()
             waiting = "loading the model"
-            embedder = _embedder_class(config).from_config(config, reporter, stop.check, part.local_rank)
-            route = embedder.load(config.modality)  # every usage error first, from configs; then the weights
+            planned = runner.load()  # every usage error first, from configs; then the weights
         except Interrupted as interrupted:
             reporter.note(f"interrupted while {waiting}; nothing to save")
-            result.interrupted, result.signum = str(interrupted), interrupted.signum
+            result = RunResult(interrupted=str(interrupted), signum=interrupted.signum)
             reporter.finish(result.finish())
             return result
         stop.immediate = False  # from here on a signal stops at the next chunk, and finished items are saved
-        writer = store.EmbeddingWriter(
-            output,
-            _header(config, embedder, route),
-            config.output_dtype,
-            flush_every=config.flush_every,
-            resume=config.resume,
-            prune=config.prune,
-            shard_size=config.shard_size,
-            warn=reporter.warning,
-        )
-        sources = distributed.take(found, part)
-        choice = embedder.dtype_choice
-        result = RunResult(device=str(embedder.device), dtype=choice.name, dtype_reason=choice.reason)
-        reporter.start(
-            str(config.modality) if not part.is_split else f"{config.modality} [{part.index}/{part.count}]", result
-        )
+        writer = make_writer(config, runner.output, planned, reporter.warning)
+        result = RunResult(device=planned.device, dtype=planned.dtype, dtype_reason=planned.dtype_reason)
+        reporter.start(runner.label, result)
         if reporter.live and "-" not in config.inputs:
-            _count_in_background(config, part, reporter)
+            _count_in_background(config, runner, reporter)
         # Library messages go to the items that cause them, not stderr (command line only: it changes the process).
         captured = capture.Capture(reporter) if own_process else None
         ending: Interrupted | DeviceError | None = None
         with captured or contextlib.nullcontext():
             try:
-                embedder.embed_stream(
-                    sources,
-                    config.modality,
-                    _Finisher(config, writer, reporter, result),
-                    lookup=writer.reuse_index if config.resume else None,
-                    window_items=config.flush_every,
-                )
+                sink = _Finisher(config, writer, reporter, result)
+                runner.embed(runner.take(found), sink, writer.lookup(), window_items=config.flush_every)
             except _StopAtFirstFailure:
                 result.stopped_at_first_failure = True
                 reporter.note("stopped at the first failure (--on-error stop); items done so far are written")
             except (Interrupted, DeviceError) as stopped:
                 ending = stopped
-    return _finish(config, part, writer, route, result, reporter, skipped, captured, ending)
+    return _finish(config, runner, writer, result, reporter, skipped, captured, ending)
 
 
-def _embedder_class(config: RunConfig) -> type:
-    """Where the work runs: here (`Embedder`), or on a Ray cluster (`ray_data.RayEmbedder`, the same interface)."""
-    if config.ray is None:
-        return Embedder
-    from gemma_embed.ray_data import RayEmbedder
-
-    return RayEmbedder
-
-
-def _finish(config, part, writer, route, result, reporter, skipped, captured, ending) -> RunResult:
+def _finish(config, runner: Runner, writer: Writer, result, reporter, skipped, captured, ending) -> RunResult:
     """The one way a run ends: what is done is saved (the output, or the parts when the run stopped early), the
     failures written beside it, the result completed and reported."""
-    output = writer.path
     result.skipped = sum(skipped.values())
     if ending is not None:  # a signal or the device stopped the run: keep the parts, say how to finish
-        store.guarded_write(writer.flush, writer.parts)
-        store.write_errors(output, result.failures)
-        saved = writer.saved_in_parts
+        saved = writer.save()
+        writer.write_errors(result.failures)
         if isinstance(ending, DeviceError):
-            reporter.note(f"{saved} items are saved in {writer.parts}; run with --resume to finish")
+            reporter.note(f"{saved} items are saved in {writer.where_saved()}; run with --resume to finish")
             raise ending
         if saved:
             reporter.note(
-                f"interrupted by {ending}: {saved} items are saved in {writer.parts}; "
+                f"interrupted by {ending}: {saved} items are saved in {writer.where_saved()}; "
                 f"run the same command with --resume to finish"
             )
         else:
@@ -172,33 +124,47 @@ def _finish(config, part, writer, route, result, reporter, skipped, captured, en
         reporter.note(note)
     if captured is not None and captured.outside and not config.debug:
         reporter.note(f"{captured.outside} library messages outside any item were hidden (--debug shows them)")
-    result.output = store.guarded_write(writer.close, output)
-    result.items, result.kept, result.pruned = writer.items_written, writer.kept, writer.pruned
-    store.write_errors(output, result.failures)
-    if part.is_split:
-        result.output = (
-            distributed.finish_slice(config.output, part, writer.positions(), reporter.note) or result.output
-        )
-    peaks = [p for p in (e.peak_device_memory() for e in route.engines) if p is not None]
-    result.peak_device_memory = max(peaks) if peaks else None
-    result.oom_backoffs = sum(e.backoffs for e in route.engines)
-    result.chunking = route.chunking()
-    result.cpu_threads = route.cpu_threads.report() if route.cpu_threads is not None else None
+    result.output = writer.close()
+    counts = writer.counts()
+    result.items, result.kept, result.pruned = counts["items"], counts["kept"], counts["pruned"]
+    writer.write_errors(result.failures)
+    result.output = runner.finish(writer.positions(), reporter.note) or result.output
+    info = runner.info()
+    result.peak_device_memory = info.peak_device_memory
+    result.oom_backoffs = info.oom_backoffs
+    result.chunking = info.chunking
+    result.cpu_threads = info.cpu_threads
     reporter.finish(result.finish())
     return result
 
 
-def _count_in_background(config: RunConfig, part: distributed.Slice, reporter: Reporter) -> None:
+def runner_for(config: RunConfig, reporter=None, should_stop=None) -> Runner:
+    """The runner a run's options ask for: `--ray`, a slice (--num-slices, torchrun), or this process. Nothing is
+    loaded; UsageError for options that cannot go together."""
+    part = distributed.current_slice(config.num_slices, config.slice_index)
+    if config.ray is not None:
+        from gemma_embed.ray_data import RayRunner, require_ray
+
+        require_ray()
+        if part.is_split:
+            raise UsageError("--ray runs the whole input as one Ray job: leave out --num-slices (and torchrun)")
+        return RayRunner(config, reporter, should_stop)
+    if part.is_split:
+        return SliceRunner(config, part, reporter, should_stop)
+    return LocalRunner(config, reporter, should_stop)
+
+
+def _count_in_background(config: RunConfig, runner: Runner, reporter: Reporter) -> None:
     """Give the progress bar its total (and an ETA) without delaying the first item: a second, cheap walk of
     the inputs (tar headers, parquet footers), in a daemon thread. Never for stdin, which can be read only once."""
 
     def count() -> None:
         if config.modality == "text":  # lines: read the files once more
-            total = sum(1 for _ in distributed.take(_find(config), part))
+            total = sum(1 for _ in _find(config))
         else:
             total = count_sources(config.inputs, config.modality, config.ext, config.collection)
         if total is not None:
-            reporter.set_total(total if config.modality == "text" else len(range(part.index, total, part.count)))
+            reporter.set_total(runner.share(total))
 
     threading.Thread(target=count, name="count-inputs", daemon=True).start()
 
@@ -208,10 +174,10 @@ class _StopAtFirstFailure(Exception):
 
 
 class _Finisher:
-    """The last stages for one item (the Embedder's sink): hand its pooled rows to the writer, report it, count
+    """The last stages for one item (the runner's sink): hand its pooled rows to the writer, report it, count
     it."""
 
-    def __init__(self, config: RunConfig, writer: store.EmbeddingWriter, reporter: Reporter, result: RunResult):
+    def __init__(self, config: RunConfig, writer: Writer, reporter: Reporter, result: RunResult):
         self.config, self.writer, self.reporter, self.result = config, writer, reporter, result
 
     def reused(self, p: Prepared) -> None:
@@ -227,9 +193,7 @@ class _Finisher:
             raise _StopAtFirstFailure
 
     def done(self, p: Prepared, rows) -> None:
-        store.guarded_write(
-            lambda: self.writer.add(p.source.key, rows, p.item.meta, p.source.position), self.writer.parts
-        )
+        self.writer.add(p.source.key, rows, p.item.meta, p.source.position)
         self.result.item_done(int(rows.shape[0]), warnings=p.warnings)
         self.reporter.item_done(p.source.key, int(rows.shape[0]), warnings=p.warnings)
 
@@ -241,12 +205,12 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pr
     skipped: Counter = Counter()
     sources = list(_require_input(config, stdin, skipped, plan=True))
     embedder = Embedder.from_config(config)
-    route = embedder.route(config.modality)
-    stages = route.stages
-    lengths: list[list[int]] = [[] for _ in route.engines]
+    command = embedder.command(config.modality)
+    stages = command.stages
+    lengths: list[list[int]] = [[] for _ in command.engines]
     failures = []
     with capture.Capture(reporter) if own_process else contextlib.nullcontext():
-        for window in prepared_stream(stages, sources, config.workers, host_budget=route.host.decode):
+        for window in prepared_stream(stages, sources, config.workers, host_budget=command.host.decode):
             for p in window:
                 if p.error:
                     failures.append(p.error.as_record())
@@ -256,7 +220,7 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pr
     free, total = memory.device_memory(embedder.device)
     retrieval = stages.space == Space.retrieval
     buckets = []
-    for index, engine in enumerate(route.engines):
+    for index, engine in enumerate(command.engines):
         for group in engine.grouping()(lengths[index]):
             chunk_plan = engine.plan(group.length)
             bucket = {"length": group.length, "units": len(group.indices)}
@@ -273,7 +237,7 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pr
         "free_memory": free,
         "total_memory": total,
         "budget": memory.budget(free, total, config.memory_budget),
-        "host": route.host.as_dict(),
+        "host": command.host.as_dict(),
         "items": len(sources),
         "skipped": sum(skipped.values()),
         "units": sum(len(v) for v in lengths),

@@ -124,7 +124,9 @@ class Reporter:
                 self._progress.console.print(line, markup=False, highlight=False, emoji=False)
             else:
                 print(line, file=self.stderr, flush=True)
-        except (BrokenPipeError, ValueError):  # ValueError: the stream object itself was closed
+        # A reader gone (BrokenPipeError), a terminal hung up (EIO: the run saves what is done on its SIGHUP and
+        # goes on to exit cleanly), or the stream object itself closed (ValueError): stop writing to it.
+        except (OSError, ValueError):
             self.stderr_closed = True
             self._stop_live()
             _silence(self.stderr)
@@ -134,7 +136,7 @@ class Reporter:
             return
         try:
             print(json.dumps(record, ensure_ascii=True), file=self.stdout, flush=True)
-        except (BrokenPipeError, ValueError):
+        except (OSError, ValueError):
             self.stdout_closed = True
             _silence(self.stdout)
 
@@ -193,7 +195,7 @@ class Reporter:
             progress, self._progress = self._progress, None
             try:
                 progress.stop()
-            except (BrokenPipeError, ValueError):
+            except (OSError, ValueError):
                 pass
 
     def finish(self, result: RunResult) -> None:

@@ -19,9 +19,10 @@ From Python, on a dataset of your own:
 vector. A row that cannot be decoded or encoded comes back with its `error` record, never as an exception that
 ends the job; Ray restarts an actor that dies and retries its batch (`max_restarts`, `max_task_retries`).
 
-The command line's `--ray [ADDRESS]` is `RayEmbedder`: the pipeline (pipeline.py) finds the sources, holds the
-one writer and reports, as in any run; the decode and the encode run on the cluster, and each finished item comes
-back to the driver, which writes the tool's own output (parts, --resume by content hash, input order).
+The command line's `--ray [ADDRESS]` is `RayRunner`, one of the pipeline's runners (runners.py): the pipeline finds
+the sources, holds the one writer and reports, as in any run; the decode and the encode run on the cluster, and each
+finished item comes back to the driver, which writes the tool's own output (parts, --resume by content hash, input
+order).
 """
 
 from __future__ import annotations
@@ -32,15 +33,16 @@ import hashlib
 import json
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gemma_embed.config import RAY_DEFAULT, Modality, Pool, RunConfig, Space
 from gemma_embed.decoding import WINDOW_ITEMS, Prepared, decode_and_prepare
-from gemma_embed.embedder import Embedder, Route, Sink
+from gemma_embed.embedder import CommandEngines, Embedder, Sink
 from gemma_embed.errors import DeviceError, GemmaEmbedError, ItemError, UsageError
 from gemma_embed.interrupts import Interrupted
 from gemma_embed.models.base import PreparedItem
+from gemma_embed.runners import Planned, RunInfo, planned
 from gemma_embed.sources.base import Source
 
 EXTRA = "pip install 'gemma-embed[ray]'"
@@ -72,7 +74,7 @@ def _decode_stages(config: RunConfig):
     key = repr(config)  # a frozen dataclass of plain values: its repr is its identity
     if key not in _STAGES:
         decode_only = dataclasses.replace(config, device="cpu", ray=None)
-        _STAGES[key] = Embedder.from_config(decode_only).route(config.modality).stages
+        _STAGES[key] = Embedder.from_config(decode_only).command(config.modality).stages
     return _STAGES[key]
 
 
@@ -185,27 +187,27 @@ class Embed:
         model: str | None = None,
         modality: str | Modality = Modality.images,
         config: RunConfig | None = None,
-        expect: dict | None = None,
+        expect: Planned | None = None,
         **options: Any,
     ):
         if config is None:
             config = RunConfig(model=str(model), modality=Modality(modality), **options)
         self.config = dataclasses.replace(config, ray=None)
         self.embedder = Embedder.from_config(self.config)
+        self.engines = self.embedder.load(self.config.modality)
         if expect is not None:
-            _check_same(expect, _describe(self.embedder, self.config))
-        self.route = self.embedder.load(self.config.modality)
-        self.one_vector = one_vector_per_item(self.route, self.config.pool)
+            _check_same(expect, planned(self.embedder, self.engines))
+        self.one_vector = one_vector_per_item(self.engines, self.config.pool)
 
     def __call__(self, batch):
         prepared = list(batch[PREPARED_COLUMN])
         rows = _Rows(prepared)
-        self.embedder.encode_window(self.route, prepared, rows, self.config.pool)
+        self.embedder.encode_window(self.engines, prepared, rows, self.config.pool)
         return rows.table(self.one_vector)
 
 
-def one_vector_per_item(route: Route, pool: Pool | str) -> bool:
-    return route.stages.space == Space.retrieval or Pool(pool) == Pool.mean
+def one_vector_per_item(engines: CommandEngines, pool: Pool | str) -> bool:
+    return engines.stages.space == Space.retrieval or Pool(pool) == Pool.mean
 
 
 class _Rows(Sink):
@@ -287,7 +289,7 @@ def embed_dataset(
     batch_size: int | None = None,
     config: RunConfig | None = None,
     lookup: Callable[[str, str], str | None] | None = None,
-    expect: dict | None = None,
+    expect: Planned | None = None,
     embed_class: type = Embed,
     actor_options: dict | None = None,
     decode_retries: int = 3,
@@ -340,69 +342,35 @@ def embed_dataset(
 # ---------------------------------------------------------------------------------------------- the pipeline's
 
 
-def _describe(embedder: Embedder, config: RunConfig) -> dict:
-    """What the output's header says about the encoders (pipeline._header reads these), as an actor with the
-    encode's resources sees them: device, compute dtype and why, the stages' space, width and preprocessing."""
-    stages = embedder.route(config.modality).stages
-    return {
-        "device": str(embedder.device),
-        "device_type": embedder.device.type,
-        "dtype_choice": embedder.dtype_choice,
-        "dtype": embedder.dtype_choice.name,
-        "model_type": embedder.model_type,
-        "space": stages.space,
-        "width": stages.width,
-        "preprocessing": stages.preparer.describe(),
-        "one_vector": one_vector_per_item(embedder.route(config.modality), config.pool),
-    }
+def _describe(config: RunConfig) -> Planned:
+    """What the encode actors will compute (`runners.Planned`), from configs alone, as an `Embedder` with the
+    encode's resources sees it: no weight is read."""
+    embedder = Embedder.from_config(dataclasses.replace(config, ray=None))
+    return planned(embedder, embedder.command(config.modality))
 
 
-def _check_same(expected: dict, found: dict) -> None:
-    """An actor computes what the header says, or it refuses to start (a cluster of mixed machines with
-    --dtype auto: choose the dtype)."""
-    for name in ("device_type", "dtype", "width"):
-        if expected[name] != found[name]:
-            raise UsageError(
-                f"a Ray actor would compute with {name} {found[name]}, the output says {expected[name]}: "
-                f"give --device and --dtype explicitly on a cluster of mixed machines"
-            )
-
-
-def _probe(config: RunConfig) -> dict | GemmaEmbedError:
-    """What the encode actors will compute (`_describe`), from configs alone: no weight is read."""
+def _probe(config: RunConfig) -> Planned | GemmaEmbedError:
+    """`_describe`, run where the actors will run (a task with their resources): its failure comes back to the
+    driver as a value, its own one line."""
     try:
-        return _describe(Embedder.from_config(dataclasses.replace(config, ray=None)), config)
-    except GemmaEmbedError as exc:  # back to the driver as a value: its own one line
+        return _describe(config)
+    except GemmaEmbedError as exc:
         return exc
 
 
-@dataclass(frozen=True)
-class _Preparer:
-    description: dict
-
-    def describe(self) -> dict:
-        return self.description
-
-
-@dataclass(frozen=True)
-class _StagesSeen:
-    """The stages as the driver knows them (from an actor's view): what the output's header needs."""
-
-    space: Space
-    width: int
-    preparer: _Preparer
-
-
-@dataclass
-class _RayRoute:
-    stages: _StagesSeen
-    actors: int
-    batch_size: int | None = None  # --batch-size, or None: each actor's own tuner
-    engines: tuple = ()  # none here: the actors' engines (peaks, back-offs) stay on the cluster
-    cpu_threads: None = None  # likewise: each actor on a CPU follows its own node's free cores
-
-    def chunking(self) -> dict:
-        return {"ray": {"actors": self.actors, "batch_size": self.batch_size or "auto (per actor)"}}
+def _check_same(expected: Planned, found: Planned) -> None:
+    """An actor computes what the header says, or it refuses to start (a cluster of mixed machines with
+    --dtype auto: choose the dtype)."""
+    device_type = str(found.device).split(":")[0]
+    expected_type = str(expected.device).split(":")[0]
+    for name, want, got in (("device", expected_type, device_type), ("dtype", expected.dtype, found.dtype)):
+        if want != got:
+            raise UsageError(
+                f"a Ray actor would compute with {name} {got}, the output says {want}: "
+                f"give --device and --dtype explicitly on a cluster of mixed machines"
+            )
+    if expected.width != found.width:
+        raise UsageError(f"a Ray actor would give rows of {found.width} values, the output says {expected.width}")
 
 
 @contextlib.contextmanager
@@ -412,10 +380,12 @@ def _signal_handlers_kept():
     import signal
     import threading
 
+    from gemma_embed.interrupts import STOP_SIGNALS
+
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    kept = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
@@ -429,9 +399,10 @@ class ClusterError(DeviceError):
     that came back are saved, --resume finishes."""
 
 
-class RayEmbedder:
-    """The pipeline's Embedder for `--ray`: the same interface (`load`, `embed_stream`, dtype and device for the
-    header), the work on the cluster."""
+class RayRunner:
+    """`--ray`: a `runners.Runner` whose decode and encode run on a Ray cluster. The driver (this process) finds the
+    sources and sends them, a block at a time, to the object store; each finished item comes back here, to the
+    pipeline's sink, as if it had run here. Connecting and asking what the actors compute happen in `load`."""
 
     embed_class: type = Embed  # the encode actors' class
 
@@ -440,25 +411,29 @@ class RayEmbedder:
         self.config = config
         self.reporter = reporter
         self.should_stop = should_stop
+        self.output = Path(config.output)
+        self.label = str(config.modality)
+        self.actors = 1
+        self.num_gpus = 0
+        self.planned: Planned | None = None
+        self.taken = 0
+
+    def begin(self) -> None:
+        pass
+
+    def load(self) -> Planned:
         self._connect()
-        resources = self.ray.cluster_resources()
-        gpus = int(resources.get("GPU", 0))
-        self.num_gpus = 1 if gpus and config.device != "cpu" else 0
+        gpus = int(self.ray.cluster_resources().get("GPU", 0))
+        self.num_gpus = 1 if gpus and self.config.device != "cpu" else 0
         self.actors = max(1, gpus) if self.num_gpus else 1
         if self.num_gpus:  # what a GPU actor computes: asked of a task with its resources
-            described = self.ray.get(self.ray.remote(_probe).options(num_gpus=self.num_gpus).remote(config))
+            described = self.ray.get(self.ray.remote(_probe).options(num_gpus=self.num_gpus).remote(self.config))
         else:  # CPU actors compute as this machine would (an actor that would not refuses to start: _check_same)
-            described = _probe(config)
+            described = _probe(self.config)
         if isinstance(described, GemmaEmbedError):
             raise described
-        self.described = described
-        self.device = described["device"]
-        self.dtype_choice = described["dtype_choice"]
-        self.model_type = described["model_type"]
-
-    @classmethod
-    def from_config(cls, config: RunConfig, reporter=None, should_stop=None, local_rank: int = 0) -> RayEmbedder:
-        return cls(config, reporter, should_stop)
+        self.planned = described
+        return described
 
     def _connect(self) -> None:
         ray = self.ray
@@ -473,20 +448,15 @@ class RayEmbedder:
                 f"--ray {self.config.ray}: cannot reach a Ray cluster: {' '.join(str(exc).split())}"
             ) from None
 
-    def load(self, modality: str | Modality, **options: Any) -> _RayRoute:
-        d = self.described
-        stages = _StagesSeen(d["space"], d["width"], _Preparer(d["preprocessing"]))
-        return _RayRoute(stages, self.actors, self.config.batch_size)
+    def take(self, sources: Iterable[Source]) -> Iterator[Source]:
+        for source in sources:
+            self.taken += 1
+            yield source
 
-    def embed_stream(
-        self,
-        sources: Iterable[Source],
-        modality: str | Modality,
-        sink: Sink,
-        lookup=None,
-        window_items: int | None = None,
-        **options: Any,
-    ) -> _RayRoute:
+    def share(self, total: int) -> int:
+        return total
+
+    def embed(self, sources: Iterable[Source], sink: Sink, lookup=None, window_items: int | None = None) -> None:
         """Every source through the cluster (decode tasks, then the encode actors); `sink` gets each item as it
         comes back, once (a batch Ray retried after an actor died comes back once)."""
         ray = self.ray
@@ -503,9 +473,8 @@ class RayEmbedder:
                 rows = []
         if rows:
             blocks.append(ray.put(pd.DataFrame({SOURCE_COLUMN: _objects(rows)})))
-        route = self.load(modality)
         if not blocks:
-            return route
+            return
         ds = ray.data.from_pandas_refs(blocks)
         if getattr(ds, "context", None) is not None:  # this job's own copy of the settings
             ds.context.enable_progress_bars = False
@@ -516,11 +485,11 @@ class RayEmbedder:
             concurrency=self.actors,
             num_gpus=self.num_gpus,
             batch_size=window_items,
-            expect=self.described,
+            expect=self.planned,
             embed_class=self.embed_class,
         )
         seen: set[int] = set()
-        width = int(self.described["width"])
+        width = int(self.planned.width)
         try:
             for batch in out.iter_batches(batch_format="pyarrow", batch_size=None):
                 if self.should_stop is not None:
@@ -540,7 +509,15 @@ class RayEmbedder:
             if isinstance(cause, GemmaEmbedError):
                 raise cause from None
             raise ClusterError(f"the Ray job failed: {' '.join(str(exc).split())[:500]}") from exc
-        return route
+
+    def finish(self, positions: dict[str, int], note: Callable[[str], None]) -> Path | None:
+        return None
+
+    def info(self) -> RunInfo:
+        """The actors' engines (peaks, back-offs, thread counts) stay on the cluster: their chunking is the actors'
+        count and batch size."""
+        batch = self.config.batch_size or "auto (per actor)"
+        return RunInfo(self.planned, taken=self.taken, chunking={"ray": {"actors": self.actors, "batch_size": batch}})
 
     @staticmethod
     def _hand_on(source: Source, record: dict, sink: Sink) -> None:

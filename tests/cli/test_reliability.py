@@ -241,7 +241,11 @@ def twelve_images(tmp_path_factory) -> tuple[Path, Path]:
     return images, reference
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGKILL, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT],
+    ids=["SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT"],
+)
 def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path, sig, twelve_images):
     from helpers import run_images
     from typer.testing import CliRunner
@@ -252,9 +256,10 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path, sig, twelve_im
     out = tmp_path / "out.safetensors"
     stopped = _start_and_stop(tmp_path, images, out, sig)
     parts = out.with_name(out.name + ".parts")
-    if sig == signal.SIGINT:
-        assert stopped.returncode == 130, stopped.stderr
+    if sig != signal.SIGKILL:  # every stop signal saves what is done, says how to finish, exits 128 + its number
+        assert stopped.returncode == 128 + sig, stopped.stderr
         assert "--resume" in stopped.stderr and "Traceback" not in stopped.stderr
+        assert not out.with_name("out.lock").exists()  # the run ended itself: no lock file left behind
     else:
         assert stopped.returncode == -signal.SIGKILL
     assert not out.exists()
@@ -411,3 +416,62 @@ def test_resume_into_a_sharded_output(tmp_path):
         "out-00002.safetensors",
         "out.index.json",
     ]
+
+
+def test_closing_the_terminal_saves_the_work_and_resumes_to_the_same_bytes(tmp_path, twelve_images):
+    """The run's terminal really closes: the run is a session leader on a pseudo-terminal, and the test closes the
+    terminal's other end. The kernel hangs the terminal up (SIGHUP to the run; its writes to the terminal fail with
+    EIO from then on): the run saves its parts, exits 129 and leaves no lock; --resume gives the uninterrupted
+    output."""
+    import fcntl
+    import pty
+    import termios
+
+    from helpers import run_images
+
+    images, reference = twelve_images
+    out = tmp_path / "out.safetensors"
+    args = [sys.executable, str(SLOW_EXE), "--encode", "0.4", "images", str(images), "--model", str(MODEL)]
+    args += ["-o", str(out), "--flush-every", "2", "--batch-size", "1", "--max-soft-tokens", "70"]
+    leader, follower = pty.openpty()
+
+    def controlling_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(follower, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(
+        args, stdin=follower, stdout=follower, stderr=follower, preexec_fn=controlling_terminal, close_fds=True
+    )
+    os.close(follower)
+    parts = out.with_name(out.name + ".parts")
+    try:
+        deadline = time.monotonic() + 120  # guards against a hang only
+        while len(list(parts.glob("part-*.safetensors"))) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "no parts were flushed"
+            _drain(leader)
+        os.close(leader)  # the terminal hangs up
+        leader = -1
+        assert proc.wait(timeout=120) == 128 + signal.SIGHUP
+    finally:
+        if leader >= 0:
+            os.close(leader)
+        if proc.poll() is None:
+            proc.kill()
+    assert not out.exists() and not out.with_name("out.lock").exists()
+    saved = sum(len(gemma_embed.read_metadata(p)["keys"]) for p in parts.glob("part-*.safetensors"))
+    assert 2 <= saved < 12
+    code, _, err = run_images([images], MODEL, out, max_soft_tokens=70, resume=True, overwrite=False)
+    assert code == 0, err
+    _same_output(out, reference)
+
+
+def _drain(fd: int) -> None:
+    """Read what the run wrote to its terminal, waiting at most a moment for it (a full pty would block it)."""
+    import select
+
+    ready, _, _ = select.select([fd], [], [], 0.05)
+    if ready:
+        try:
+            os.read(fd, 1 << 16)
+        except OSError:
+            pass

@@ -52,7 +52,7 @@ def test_a_hundred_queries_load_the_model_once_and_equal_single_query_runs(text_
         return real_setup(self, *args, **kwargs)
 
     def counting_load(self, modality, **options):
-        if not self.route(modality, **options).loaded:  # this call reads the towers' weights
+        if not self.command(modality, **options).loaded:  # this call reads the towers' weights
             loads.append(modality)
         return real_load(self, modality, **options)
 

@@ -22,7 +22,7 @@ from helpers import ROOT, invoke, summary
 
 import gemma_embed
 from gemma_embed import RunConfig, load
-from gemma_embed.ray_data import Embed, RayEmbedder
+from gemma_embed.ray_data import Embed, RayRunner
 from gemma_embed.store import read_metadata
 from gemma_embed.store.layout import errors_path
 
@@ -98,12 +98,12 @@ def images(cluster, tmp_path_factory):
     options = {"modality": "images", "inputs": [str(folder)], "model": str(GEMMA4), "flush_every": 2}
     reference = run(out / "single.safetensors", **options)
     flag = out / "actor-died"
-    original = RayEmbedder.embed_class
-    RayEmbedder.embed_class = type("DyingEmbedHere", (DyingEmbed,), {"flag": str(flag)})
+    original = RayRunner.embed_class
+    RayRunner.embed_class = type("DyingEmbedHere", (DyingEmbed,), {"flag": str(flag)})
     try:
         ours = run(out / "ray.safetensors", ray=cluster, **options)
     finally:
-        RayEmbedder.embed_class = original
+        RayRunner.embed_class = original
     return reference, ours, flag
 
 

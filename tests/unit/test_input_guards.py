@@ -46,7 +46,7 @@ def test_max_item_bytes_reads_sizes_as_the_memory_budget_does():
     for bad, reason in {"30%": "not a share", "2": "use a size like", "lots": "use a size like"}.items():
         with pytest.raises(ValueError, match=reason):
             parse_item_bytes(bad)
-    with pytest.raises(ValueError, match="^--max-item-bytes: cannot read '2x'"):
+    with pytest.raises(ValueError, match="^max_item_bytes: cannot read '2x'"):  # a Python caller's name for it
         RunConfig(max_item_bytes="2x").check()
     collection = RunConfig(max_item_bytes="2GiB", memory_budget="1GiB", allow_outside_paths=True).collection
     assert collection.max_item_bytes == 2 * GiB and collection.allow_outside_paths
