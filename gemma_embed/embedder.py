@@ -399,7 +399,7 @@ def _python_words():
     try:
         yield
     except UsageError as exc:
-        raise type(exc)(python_spelling(str(exc))) from None
+        raise exc.reworded(python_spelling(str(exc))) from None
 
 
 def _is_pil(value: Any) -> bool:

@@ -109,6 +109,15 @@ class GemmaEmbedError(Exception):
 
     error_kind = RUN_STOPPED
 
+    def reworded(self, message: str) -> GemmaEmbedError:
+        """The same error (type, kind, fields) with another message: a Python caller's spelling of the options it
+        names (`config.python_spelling`). Not `type(self)(message)` (nor copy.copy, which calls it): a DamagedFile
+        is built from its parts."""
+        again = type(self).__new__(type(self))
+        again.__dict__.update(self.__dict__)
+        again.args = (message,)
+        return again
+
 
 class UsageError(GemmaEmbedError):
     """The run cannot start or go on: a bad option, a missing checkpoint, an unwritable output."""

@@ -63,7 +63,7 @@ def run(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pro
     except UsageError as exc:
         if own_process:  # the command line's words
             raise
-        raise type(exc)(python_spelling(str(exc))) from None
+        raise exc.reworded(python_spelling(str(exc))) from None
 
 
 def _run(config: RunConfig, reporter: Reporter | None, stdin, own_process: bool) -> RunResult:
