@@ -1,24 +1,28 @@
-"""Command line: parse arguments into a RunConfig, call the library, map its result to an exit code.
+"""Command line: parse arguments into a RunConfig (or an inspection command's values), call the library, map its
+result or its fault to an exit code.
 
-Every option comes from a `RunConfig` field (`config.py`): `_parameters(command)` turns the fields a command
-takes into Typer parameters, so this file names no option but the PATHS argument and `inspect`'s own.
+Every option comes from a field of `config.py`'s tables (RunConfig, InspectionOptions): `_parameters(command)`
+turns the fields a command takes into Typer parameters, so this file names no option but `--list-extensions` and
+`--version`, and the commands' positional arguments. Every fault goes through one map (`_exits`, `errors.kind_of`).
 torch and transformers are imported only inside commands, so `gemma-embed --help` is instant.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+import signal
 import sys
 import typing
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from gemma_embed import __version__
-from gemma_embed.config import Choice, Dtype, ExportFormat, RunConfig, option_of
-from gemma_embed.errors import GemmaEmbedError, UsageError
+from gemma_embed import __version__, errors
+from gemma_embed.config import OPTION_TABLES, PANELS, Choice, RunConfig, declared_options, option_of
 
 
 class _Group(typer.core.TyperGroup):
@@ -110,25 +114,26 @@ def _choose(choices: type[Choice], value) -> Choice:
         raise ValueError(f"{value!r}: choose {', '.join(names[:-1])} or {names[-1]}") from None
 
 
-def _is_choice(kind) -> bool:
-    return isinstance(kind, type) and issubclass(kind, Choice)
+def _choice_of(kind) -> type[Choice] | None:
+    """The fixed set of values a type is (`Dtype`) or holds (`ExportFormat | None`), if any."""
+    for k in (kind, *typing.get_args(kind)):
+        if isinstance(k, type) and issubclass(k, Choice):
+            return k
+    return None
 
 
 def _parameters(command: str) -> list[inspect.Parameter]:
-    """PATH plus one Typer option per RunConfig field that `command` takes, in the fields' order."""
-    hints = typing.get_type_hints(RunConfig)
-    parameters = [_paths(command)]
-    for f in dataclasses.fields(RunConfig):
-        spec = option_of(f)
-        if spec is None or command not in spec.commands:
-            continue
+    """One Typer option per declared option `command` takes (RunConfig's and InspectionOptions' fields), in the
+    help's panel order (config.PANELS), each panel in the fields' order."""
+    parameters = []
+    for f, hint, spec in sorted(declared_options(command), key=lambda d: PANELS.index(d[2].panel)):
         long_name = spec.long or "--" + f.name.replace("_", "-")
-        kind = spec.cli_type or hints[f.name]
+        kind = spec.cli_type or hint
         default = spec.cli_default if spec.cli_type else f.default
         default = (spec.command_defaults or {}).get(command, default)
-        choices = kind if _is_choice(kind) else None
+        choices = _choice_of(kind)
         if choices is not None:  # parsed by the callback: Typer's own enum check words its error oddly
-            kind, default = str, str(default)
+            kind, default = str, (None if default is None else str(default))
         declared = typer.Option(
             long_name,
             *spec.flags,
@@ -140,7 +145,10 @@ def _parameters(command: str) -> list[inspect.Parameter]:
         )
         parameters.append(
             inspect.Parameter(
-                f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, declared]
+                f.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=inspect.Parameter.empty if spec.required else default,
+                annotation=Annotated[kind, declared],
             )
         )
         for n, alias in enumerate(spec.aliases):  # an old name: still parsed, not shown in --help
@@ -156,6 +164,27 @@ def _parameters(command: str) -> list[inspect.Parameter]:
     return parameters
 
 
+def _argument(name: str, annotation, help_text: str, default=inspect.Parameter.empty) -> inspect.Parameter:
+    """A positional argument of an inspection command (INDEX, QUERY, PATH)."""
+    declared = typer.Argument(help=help_text, show_default=False)
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, declared]
+    )
+
+
+def _command(name: str, summary: str, run: Callable[..., None], arguments=(), extra=()) -> None:
+    """Register command `name`: its arguments, then its declared options (`_parameters`) and any `extra` ones;
+    `run(**values)` does the work, and every fault it raises reaches the one map (`_exits`)."""
+
+    def command(**values) -> None:
+        with _exits():
+            run(**values)
+
+    command.__signature__ = inspect.Signature([*arguments, *_parameters(name), *extra])
+    command.__doc__ = summary
+    app.command(name, cls=_Command)(command)
+
+
 def config_from(modality: str, options: dict) -> RunConfig:
     """The RunConfig for a command's options, as their callbacks parsed them."""
     values = {"modality": modality, "inputs": tuple(options.pop("paths") or ())}
@@ -166,36 +195,53 @@ def config_from(modality: str, options: dict) -> RunConfig:
     return RunConfig(**values, **options)
 
 
-def _print_error(message: str) -> None:
-    """One `error:` line on stderr; a newline or escape sequence in the message (a name) is shown as an escape."""
+# ------------------------------------------------------------------------------------------ faults
+
+
+def _print_line(prefix: str, message: str) -> None:
+    """One `error:` or `note:` line on stderr; a newline or escape sequence in the message (a name) is shown as
+    an escape."""
     from gemma_embed.terminal import printable
 
     try:
-        print(f"error: {printable(message.strip())}", file=sys.stderr, flush=True)
+        print(f"{prefix}: {printable(message.strip())}", file=sys.stderr, flush=True)
     except (BrokenPipeError, ValueError):
         pass  # nobody reads stderr any more; the exit code still says it
 
 
+def _print_error(message: str) -> None:
+    _print_line("error", message)
+
+
 def _print_note(message: str) -> None:
-    """One `note:` line on stderr (where a command wrote its file), its names escaped as in every line."""
-    from gemma_embed.terminal import printable
+    """Where a command wrote its file, or that it was interrupted."""
+    _print_line("note", message)
 
+
+@contextlib.contextmanager
+def _exits() -> Iterator[None]:
+    """Every command's faults through the one map (`errors.kind_of`): one line on stderr (`error:`, or `note:`
+    for a stop signal) and the kind's exit code. A fault of no kind the map knows is a bug: its traceback shows."""
     try:
-        print(f"note: {printable(message.strip())}", file=sys.stderr, flush=True)
-    except (BrokenPipeError, ValueError):
-        pass
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    _print_error(message)
-    return typer.Exit(code)
+        yield
+    except (typer.Exit, typer.Abort):
+        raise
+    except BaseException as exc:
+        kind = errors.kind_of(exc)
+        if kind is None:
+            raise
+        (_print_note if kind is errors.INTERRUPTED else _print_error)(errors.one_line(exc))
+        raise typer.Exit(kind.exit_code(errors.signal_of(exc) if kind.adds_signal else None)) from None
 
 
 def exit_code(result) -> int:
-    """0: every item written; 1: some items failed; 128+signal: interrupted (resumable)."""
+    """A run's exit code: every item written, some failed, or interrupted (resumable)."""
     if result.interrupted is not None:
-        return 128 + result.signum
-    return 1 if result.failed else 0
+        return errors.INTERRUPTED.exit_code(result.signum)
+    return errors.ITEMS_FAILED.code if result.failed else errors.OK.code
+
+
+# ------------------------------------------------------------------------------------------ embed commands
 
 
 def _require_input(config: RunConfig) -> None:
@@ -204,11 +250,8 @@ def _require_input(config: RunConfig) -> None:
     from gemma_embed.sources import check_given_paths
 
     if not config.inputs and config.dataset is None:
-        raise _fail(NO_INPUT, 2)
-    try:
-        check_given_paths(config.inputs)
-    except UsageError as exc:
-        raise _fail(str(exc), 2) from None
+        raise errors.UsageError(NO_INPUT)
+    check_given_paths(config.inputs)
 
 
 def _embed(config: RunConfig) -> None:
@@ -219,17 +262,12 @@ def _embed(config: RunConfig) -> None:
     _require_input(config)
     configure_for_long_runs()  # flat peak memory over long runs, CPU forwards without page faults (hostmem.py)
     reporter = Reporter(quiet=config.quiet, jsonl=config.jsonl, debug=config.debug)
-    try:
-        # The output's lock before the pipeline imports torch (seconds on a busy machine): a second run into a
-        # busy output fails at once. `run` takes it again (re-entrant) for library callers.
-        with writer_lock(config.output, config.num_slices, config.slice_index):
-            from gemma_embed.pipeline import run
+    # The output's lock before the pipeline imports torch (seconds on a busy machine): a second run into a busy
+    # output fails at once. `run` takes it again (re-entrant) for library callers.
+    with writer_lock(config.output, config.num_slices, config.slice_index):
+        from gemma_embed.pipeline import run
 
-            result = run(config, reporter, own_process=True)  # the command line owns its process: signals, fd 2
-    except UsageError as exc:
-        raise _fail(str(exc), 2) from None
-    except GemmaEmbedError as exc:
-        raise _fail(str(exc), 1) from None
+        result = run(config, reporter, own_process=True)  # the command line owns its process: signals, fd 2
     raise typer.Exit(exit_code(result))
 
 
@@ -257,213 +295,136 @@ def _list_extensions(modality: str) -> inspect.Parameter:
     )
 
 
-def _embed_command(modality: str, summary: str):
-    def command(**options) -> None:
-        options.pop("list_extensions", None)
+def _embed_command(modality: str, summary: str) -> None:
+    def run(list_extensions: bool = False, **options) -> None:
         _embed(config_from(modality, options))
 
-    command.__signature__ = inspect.Signature([*_parameters(modality), _list_extensions(modality)])
-    command.__doc__ = summary
-    return command
+    _command(modality, summary, run, [_paths(modality)], [_list_extensions(modality)])
 
 
-app.command("images", cls=_Command)(
-    _embed_command("images", "Embed images: one item per image, rows = its soft tokens.")
-)
-app.command("video", cls=_Command)(
-    _embed_command("video", "Embed videos: one item per video, rows = sampled frames x soft tokens per frame.")
-)
-app.command("text", cls=_Command)(
-    _embed_command("text", "Embed text: one retrieval vector per line, or per file with --per-file.")
-)
-app.command("audio", cls=_Command)(
-    _embed_command(
-        "audio", "Embed audio: one item per file (decoded to mono at the model's rate), rows = its soft tokens."
-    )
-)
+_embed_command("images", "Embed images: one item per image, rows = its soft tokens.")
+_embed_command("video", "Embed videos: one item per video, rows = sampled frames x soft tokens per frame.")
+_embed_command("text", "Embed text: one retrieval vector per line, or per file with --per-file.")
+_embed_command("audio", "Embed audio: one item per file (decoded to mono at the model's rate), rows = its soft tokens.")
 
 
-def plan(**options) -> None:
-    """Dry run: device, free memory, buckets and chunk sizes; nothing is encoded."""
-    from gemma_embed.pipeline import plan as make_plan
+def _plan(modality: str, **options) -> None:
+    from gemma_embed.pipeline import plan
     from gemma_embed.progress import Reporter
 
-    modality = options.pop("modality")
     config = config_from(modality, options)
     _require_input(config)
-    try:
-        make_plan(config, Reporter(quiet=config.quiet), own_process=True)
-    except UsageError as exc:
-        raise _fail(str(exc), 2) from None
+    plan(config, Reporter(quiet=config.quiet), own_process=True)
 
 
-plan.__signature__ = inspect.Signature(_parameters("plan"))
-app.command("plan", cls=_Command)(plan)
+_command("plan", "Dry run: device, free memory, buckets and chunk sizes; nothing is encoded.", _plan, [_paths("plan")])
 
 
-def _at_least_one(value: int) -> int:
-    if value < 1:
-        raise typer.BadParameter(f"must be at least 1, got {value}")
-    return value
+# ------------------------------------------------------------------------------------------ reading outputs
+
+OUTPUT_ARGUMENT = "A gemma-embed output (.safetensors or .index.json)."
 
 
-@app.command("search", cls=_Command)
-def search_index(
-    index: Annotated[Path, typer.Argument(help="An output to search (.safetensors or .index.json).")],
-    query: Annotated[str | None, typer.Argument(help="Text to look for (retrieval indexes).")] = None,
-    queries: Annotated[
-        Path | None, typer.Option("--queries", help="Many texts, one a line (- for stdin).", metavar="FILE")
-    ] = None,
-    image: Annotated[
-        list[Path] | None, typer.Option(help="Look for this image (repeat, or a folder).", metavar="FILE")
-    ] = None,
-    video: Annotated[
-        list[Path] | None, typer.Option(help="Look for this video (repeat, or a folder).", metavar="FILE")
-    ] = None,
-    audio: Annotated[
-        list[Path] | None, typer.Option(help="Look for this audio file (repeat, or a folder).", metavar="FILE")
-    ] = None,
-    top: Annotated[
-        int, typer.Option("-k", "--top", help="Hits to show (at least 1).", metavar="K", callback=_at_least_one)
-    ] = 10,
-    exact: Annotated[
-        bool, typer.Option("--exact", help="Exact search even where the output has an index.", metavar="")
-    ] = False,
-    jsonl: Annotated[bool, typer.Option("--jsonl", help="One JSON record per hit.", metavar="")] = False,
-    html_file: Annotated[
-        Path | None, typer.Option("--html", help="Also write a page with thumbnails and players.", metavar="FILE")
-    ] = None,
-    model: Annotated[
-        str | None, typer.Option(help="Default: the index's model (another is refused).", metavar="ID|DIR")
-    ] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.", metavar="DEV")] = "auto",
-    dtype: Annotated[
-        str, typer.Option(help="As for the embedding commands.", metavar="DTYPE", callback=_callback(choices=Dtype))
-    ] = "auto",
-    prompt_name: Annotated[
-        str | None,
-        typer.Option(
-            help="The query's named prompt (default: its family's query prompt, see gemma-embed models).",
-            metavar="NAME",
-        ),
-    ] = None,
-    prompt: Annotated[str | None, typer.Option(help="This prompt text instead.", metavar="TEXT")] = None,
-) -> None:
-    """Search an output: embed the queries with the index's model and settings, cosine top-k (through the
-    output's index when it has one, see `gemma-embed index`; else exact)."""
+def _search(index: Path, query: str | None, queries, image, video, audio, top, html, exact, **embedding) -> None:
     from gemma_embed.search import collect_queries, query_many, render_html_many, render_results
     from gemma_embed.store import check_output_folder
 
+    jsonl = embedding.pop("jsonl")
     media = {kind: files for kind, files in (("images", image), ("video", video), ("audio", audio)) if files}
-    try:
-        if html_file is not None:
-            check_output_folder(html_file)  # before the model loads
-        wanted = collect_queries([query] if query is not None else [], queries, media)
-        if not wanted:
-            raise _fail("give a query: a text, --queries FILE, or --image, --video, --audio", 2)
-        results = query_many(index, wanted, top, model, device, str(dtype), prompt_name, prompt, exact)
-    except UsageError as exc:
-        raise _fail(str(exc), 2) from None
-    except GemmaEmbedError as exc:
-        raise _fail(str(exc), 1) from None
-    except (OSError, ValueError) as exc:  # the reader's messages name the file
-        raise _fail(str(exc), 2) from None
+    if html is not None:
+        check_output_folder(html)  # before the model loads
+    wanted = collect_queries([query] if query is not None else [], queries, media)
+    if not wanted:
+        raise errors.UsageError("give a query: a text, --queries FILE, or --image, --video, --audio")
+    embedding["dtype"] = str(embedding["dtype"])
+    results = query_many(index, wanted, top, exact=exact, **embedding)
     for result in results:
         if result.error is not None:
             _print_error(f"{result.query.describe()}: cannot embed the query: {result.error}")
     print(render_results(results, jsonl), end="")
-    if html_file is not None:
+    if html is not None:
         from gemma_embed.store import atomic_write_text
 
         groups = [(r.query.describe(), r.hits) for r in results if r.error is None]
-        atomic_write_text(html_file, render_html_many(groups, index=str(index)))
-        _print_note(f"wrote {html_file}")
+        atomic_write_text(html, render_html_many(groups, index=str(index)))
+        _print_note(f"wrote {html}")
     if any(r.error is not None for r in results):
-        raise typer.Exit(1)
+        raise typer.Exit(errors.ITEMS_FAILED.code)
 
 
-@app.command("index", cls=_Command)
-def index_output(
-    path: Annotated[Path, typer.Argument(help="A gemma-embed output (.safetensors or .index.json).")],
-    kind: Annotated[
-        str, typer.Option("--kind", help="auto, flat, ivf or hnsw (auto: flat below 100k rows).", metavar="KIND")
-    ] = "auto",
-    metric: Annotated[str, typer.Option("--metric", help="The similarity (cosine).", metavar="METRIC")] = "cosine",
-    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress notes.", metavar="")] = False,
-) -> None:
-    """Build an approximate-search index beside an output (OUT.search-index, OUT.faiss), which search then uses."""
+_command(
+    "search",
+    "Search an output: embed the queries with the index's model and settings, cosine top-k (through the output's "
+    "index when it has one, see `gemma-embed index`; else exact).",
+    _search,
+    [
+        _argument("index", Path, "An output to search (.safetensors or .index.json)."),
+        _argument("query", str | None, "Text to look for (retrieval indexes).", default=None),
+    ],
+)
+
+
+def _index(path: Path, kind: str, metric: str, quiet: bool) -> None:
     import json
 
     from gemma_embed.index import build_index
     from gemma_embed.progress import Reporter
 
-    try:
-        record = build_index(path, kind, metric, Reporter(quiet=quiet))
-    except UsageError as exc:
-        raise _fail(str(exc), 2) from None
-    except (OSError, ValueError) as exc:
-        raise _fail(str(exc), 1) from None
+    record = build_index(path, kind, metric, Reporter(quiet=quiet))
     fields = ("kind", "requested", "metric", "settings", "recall_at_10", "reason", "seconds")
     summary = {"type": "index", "output": str(path), **{name: record[name] for name in fields if name in record}}
     print(json.dumps(summary, ensure_ascii=True))
 
 
-@app.command("models", cls=_Command)
-def list_models(
-    json_out: Annotated[bool, typer.Option("--json", help="The table as one JSON list.", metavar="")] = False,
-) -> None:
-    """The model families gemma-embed runs: model types, example hub ids, commands and spaces."""
+_command(
+    "index",
+    "Build an approximate-search index beside an output (OUT.search-index, OUT.faiss), which search then uses.",
+    _index,
+    [_argument("path", Path, OUTPUT_ARGUMENT)],
+)
+
+
+def _models(as_json: bool) -> None:
     import json
 
     from gemma_embed.models.registry import models_table, models_text
 
-    print(json.dumps(models_table(), ensure_ascii=True) if json_out else models_text(), end="\n" if json_out else "")
+    print(json.dumps(models_table(), ensure_ascii=True) if as_json else models_text(), end="\n" if as_json else "")
 
 
-@app.command("inspect", cls=_Command)
-def inspect_output(
-    path: Annotated[Path, typer.Argument(help="A gemma-embed output (.safetensors or .index.json).")],
-    limit: Annotated[int, typer.Option(help="Items to list (0 = all).", metavar="N")] = 20,
-    json_out: Annotated[
-        bool, typer.Option("--json", help="The header, keys and items as one JSON object.", metavar="")
-    ] = False,
-) -> None:
-    """Show an output file: model, metadata and a table of items with their shapes."""
+_command("models", "The model families gemma-embed runs: model types, example hub ids, commands and spaces.", _models)
+
+
+def _inspect(path: Path, limit: int, as_json: bool) -> None:
     from gemma_embed.show import show
 
-    try:
-        show(path, limit=limit, as_json=json_out)
-    except (OSError, ValueError) as exc:  # the reader's messages name the file
-        raise _fail(str(exc), 2) from None
+    show(path, limit=limit, as_json=as_json)
 
 
-@app.command("export", cls=_Command)
-def export_output(
-    path: Annotated[Path, typer.Argument(help="A gemma-embed output (.safetensors or .index.json).")],
-    to: Annotated[
-        str,
-        typer.Option(
-            "--to", help="parquet or npy (+ .keys.txt).", metavar="FORMAT", callback=_callback(choices=ExportFormat)
-        ),
-    ],
-    output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="Default: OUT.parquet / OUT.npy beside it.", metavar="FILE")
-    ] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing files.", metavar="")] = False,
-) -> None:
-    """Write an output as parquet (key, metadata columns, embedding) or .npy, streamed."""
+_command(
+    "inspect",
+    "Show an output file: model, metadata and a table of items with their shapes.",
+    _inspect,
+    [_argument("path", Path, OUTPUT_ARGUMENT)],
+)
+
+
+def _export(path: Path, to, output: Path | None, overwrite: bool) -> None:
     import json
 
     from gemma_embed.export import export
 
-    try:
-        written = export(path, to, output, overwrite)
-    except UsageError as exc:
-        raise _fail(str(exc), 2) from None
-    except (OSError, ValueError) as exc:
-        raise _fail(str(exc), 1) from None
+    written = export(path, to, output, overwrite)
     _print_note(f"wrote {', '.join(written['files'])}")
     print(json.dumps({"type": "export", "to": str(to), **written}, ensure_ascii=True))
+
+
+_command(
+    "export",
+    "Write an output as parquet (key, metadata columns, embedding) or .npy, streamed.",
+    _export,
+    [_argument("path", Path, OUTPUT_ARGUMENT)],
+)
 
 
 def _version(value: bool) -> None:
@@ -486,10 +447,11 @@ def optional_values(args: list[str]) -> list[str]:
     `--ray=default` for the parser (Typer's click has no optional values). It is bare when nothing follows it or
     what follows is no value it takes (a path, another option): `gemma-embed images --ray photos/` works."""
     specs = {}
-    for f in dataclasses.fields(RunConfig):
-        spec = option_of(f)
-        if spec is not None and spec.flag_value is not None:
-            specs[spec.long or "--" + f.name.replace("_", "-")] = spec
+    for table in OPTION_TABLES:
+        for f in dataclasses.fields(table):
+            spec = option_of(f)
+            if spec is not None and spec.flag_value is not None:
+                specs[spec.long or "--" + f.name.replace("_", "-")] = spec
     out = list(args)
     for i, arg in enumerate(out):
         if arg == "--":
@@ -513,7 +475,8 @@ def _takes(spec, value: str) -> bool:
 
 
 def main() -> None:
-    """The console script: usage errors are one `error:` line and exit 2, like every other error here."""
+    """The console script: a usage error the parser finds is one `error:` line and the map's usage code, like every
+    other fault here (`_exits`)."""
     try:  # Typer >= 0.24 carries its own copy of click
         from typer._click import exceptions
     except ImportError:
@@ -527,9 +490,9 @@ def main() -> None:
     except exceptions.UsageError as exc:
         where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
         _print_error(f"{exc.format_message()}{where}")
-        code = 2
-    except typer.Abort:
-        code = 130
+        code = errors.USAGE.code
+    except typer.Abort:  # Ctrl-C while the parser reads (click turns KeyboardInterrupt into Abort)
+        code = errors.INTERRUPTED.exit_code(signal.SIGINT)
     sys.exit(code or 0)
 
 

@@ -1,8 +1,10 @@
 """Every option of every command, defined once: type, default, help text, command-line names, help panel,
-the commands that take it, and the check its value must pass.
+the commands that take it, the check its value must pass, and the part of a run it changes.
 
-`RunConfig` is what the library reads. `cli.py` builds each command's parameters from these fields, so a new
-option is one field here plus the code that uses it. Enums and defaults live here and nowhere else.
+`RunConfig` is what the library reads; `InspectionOptions` holds the options only the commands that read outputs
+(and `models`) take. `cli.py` builds each command's parameters from these fields, so a new option is one field
+here plus the code that uses it; an option's `stage` decides whether it is part of a command's stages
+(`stage_options()`, the route key of `embedder.STAGE_OPTIONS`). Enums and defaults live here and nowhere else.
 """
 
 from __future__ import annotations
@@ -223,10 +225,24 @@ def parse_item_bytes(value: str | int | None) -> int | None:
 MEDIA = ("images", "video", "audio")  # the commands that embed media files
 EMBED = (*MEDIA, "text")  # the commands that embed and write an output
 PLAN = ("plan",)
+# The commands that read an output (and `models`): their own options are `InspectionOptions`' fields; the ones
+# they share with the embed commands (--model, --device, -o, --quiet...) are RunConfig's, declared once there.
+SEARCH, INDEX, INSPECT, EXPORT, MODELS = "search", "index", "inspect", "export", "models"
 
 # Help panels, in the order `--help` shows them.
 INPUT, MODEL, OUTPUT, PERFORMANCE, ROBUSTNESS = "Input", "Model", "Output", "Performance", "Robustness"
 RETRIEVAL = "Retrieval"
+PANELS = (INPUT, MODEL, RETRIEVAL, OUTPUT, PERFORMANCE, ROBUSTNESS)
+
+# The part of a run each RunConfig option changes (`Option.stage`), in the order an item meets them: which command
+# runs (`--modality`: every part), which items are found, the model an Embedder loads once (checkpoint, device,
+# dtype), a command's decode, prepare, encode and pool stages, what is written, and how the run goes and tells
+# (threads, a cluster, failures, stdout and stderr).
+STAGES = ("command", "find", "load", "decode", "prepare", "encode", "pool", "write", "run")
+COMMAND, FIND, LOAD, DECODE, PREPARE, ENCODE, POOL, WRITE, RUN = STAGES
+# The parts `Embedder.command` builds for a command (its decoder, preparer, chain of towers with their engines, the
+# pools it allows): an option of one of them gives the command other stages, so a route is kept per its value.
+ROUTE_STAGES = (DECODE, PREPARE, ENCODE, POOL)
 
 
 @dataclass(frozen=True)
@@ -251,6 +267,9 @@ class Option:
     help_by_command: tuple[tuple[str, str], ...] = ()
     # An option whose value may be left out (--ray [ADDRESS]): the value it takes then.
     flag_value: str | None = None
+    # The part of a run it changes (STAGES; every RunConfig option says, `InspectionOptions`' need not).
+    stage: str | None = None
+    required: bool = False  # the command cannot run without it (export --to)
 
     def help_for(self, command: str) -> str:
         return dict(self.help_by_command).get(command, self.help)
@@ -354,7 +373,11 @@ class RunConfig:
 
     # Input -----------------------------------------------------------------------------------------------
     modality: Modality = option(
-        Modality.images, "What the paths hold: images, video, audio or text.", commands=PLAN, metavar="KIND"
+        Modality.images,
+        "What the paths hold: images, video, audio or text.",
+        commands=PLAN,
+        metavar="KIND",
+        stage=COMMAND,
     )
     inputs: tuple[str, ...] = ()  # files, folders or "-": the commands' PATH argument
     ext: tuple[str, ...] | None = option(
@@ -364,9 +387,15 @@ class RunConfig:
         cli_type=str,
         parse=parse_extensions,
         metavar="EXT,...",
+        stage=FIND,
     )
     null_separated: bool = option(
-        False, "NUL-separated stdin (find -print0).", commands=MEDIA + PLAN, long="--null", flags=("-0",)
+        False,
+        "NUL-separated stdin (find -print0).",
+        commands=MEDIA + PLAN,
+        long="--null",
+        flags=("-0",),
+        stage=FIND,
     )
     max_soft_tokens: int | None = option(
         None,
@@ -378,14 +407,21 @@ class RunConfig:
         ),
         check=soft_token_budget,
         metavar="N",
+        stage=PREPARE,
     )
-    pan_and_scan: bool = option(False, "Add the processor's crops of wide or tall images.", commands=("images", "plan"))
+    pan_and_scan: bool = option(
+        False,
+        "Add the processor's crops of wide or tall images.",
+        commands=("images", "plan"),
+        stage=PREPARE,
+    )
     fps: float | None = option(
         None,
         "Frames a second (default: the model's).",
         commands=("video", "plan"),
         check=positive,
         metavar="F",
+        stage=DECODE,
     )
     max_frames: int | None = option(
         None,
@@ -393,14 +429,16 @@ class RunConfig:
         commands=("video", "plan"),
         check=at_least(1),
         metavar="N",
+        stage=DECODE,
     )
-    per_file: bool = option(False, "One item per file, not per line.", commands=("text",))
+    per_file: bool = option(False, "One item per file, not per line.", commands=("text",), stage=FIND)
     window_s: float = option(
         MAX_WINDOW_S,
         "Window length for longer audio, at most 30 s.",
         commands=("audio", "plan"),
         check=audio_window,
         metavar="S",
+        stage=PREPARE,
     )
     column: str | None = option(
         None,
@@ -408,9 +446,14 @@ class RunConfig:
         help_by_command=(("text", "Table column holding the texts."),),
         commands=EMBED + PLAN,
         metavar="NAME",
+        stage=FIND,
     )
     key_column: str | None = option(
-        None, "Column of item keys (default: FILE:ROW).", commands=EMBED + PLAN, metavar="NAME"
+        None,
+        "Column of item keys (default: FILE:ROW).",
+        commands=EMBED + PLAN,
+        metavar="NAME",
+        stage=FIND,
     )
     keep_columns: tuple[str, ...] = option(
         (),
@@ -419,9 +462,14 @@ class RunConfig:
         cli_type=str,
         parse=parse_columns,
         metavar="A,B",
+        stage=FIND,
     )
-    dataset: str | None = option(None, "Hugging Face dataset: hub id or folder.", commands=EMBED + PLAN, metavar="NAME")
-    split: str | None = option(None, "The dataset's split (default: train).", commands=EMBED + PLAN, metavar="SPLIT")
+    dataset: str | None = option(
+        None, "Hugging Face dataset: hub id or folder.", commands=EMBED + PLAN, metavar="NAME", stage=FIND
+    )
+    split: str | None = option(
+        None, "The dataset's split (default: train).", commands=EMBED + PLAN, metavar="SPLIT", stage=FIND
+    )
     max_item_bytes: int | None = option(
         None,
         "Item size cap (default: budget/4).",
@@ -430,33 +478,52 @@ class RunConfig:
         cli_type=str,
         parse=parse_item_bytes,
         metavar="SIZE",
+        stage=FIND,
     )
     allow_outside_paths: bool = option(
-        False, "Table paths may leave its folder.", commands=MEDIA + PLAN, panel=ROBUSTNESS
+        False,
+        "Table paths may leave its folder.",
+        commands=MEDIA + PLAN,
+        panel=ROBUSTNESS,
+        stage=FIND,
     )
     # Model -----------------------------------------------------------------------------------------------
-    # None: the command's default (DEFAULT_MODELS; `plan` takes its --modality's).
+    # None: the command's default (DEFAULT_MODELS; `plan` takes its --modality's, `search` the index's).
     model: str | None = option(
         None,
         "Hub id or local checkpoint folder.",
-        commands=EMBED + PLAN,
+        commands=EMBED + PLAN + (SEARCH,),
+        help_by_command=((SEARCH, "Default: the index's model (another is refused)."),),
         panel=MODEL,
         check=model_argument,
         metavar="ID|DIR",
         command_defaults=DEFAULT_MODELS,
+        stage=LOAD,
     )
     revision: str | None = option(
-        None, "Hub revision: branch, tag or commit.", commands=EMBED + PLAN, panel=MODEL, metavar="REV"
+        None,
+        "Hub revision: branch, tag or commit.",
+        commands=EMBED + PLAN,
+        panel=MODEL,
+        metavar="REV",
+        stage=LOAD,
     )
     device: str = option(
-        "auto", "auto, cpu, cuda, cuda:N or mps.", commands=EMBED + PLAN, panel=MODEL, check=device_name, metavar="DEV"
+        "auto",
+        "auto, cpu, cuda, cuda:N or mps.",
+        commands=EMBED + PLAN + (SEARCH,),
+        panel=MODEL,
+        check=device_name,
+        metavar="DEV",
+        stage=LOAD,
     )
     dtype: Dtype = option(
         Dtype.auto,
         "auto, float32, bfloat16 or float16 (auto: the checkpoint's where fast).",
-        commands=EMBED + PLAN,
+        commands=EMBED + PLAN + (SEARCH,),
         panel=MODEL,
         metavar="DTYPE",
+        stage=LOAD,
     )
     space: Space = option(
         Space.auto,
@@ -464,16 +531,27 @@ class RunConfig:
         commands=MEDIA + PLAN,
         panel=MODEL,
         metavar="SPACE",
+        stage=ENCODE,
     )
     prompt_name: str | None = option(
         None,
         "A named prompt of the checkpoint's.",
-        commands=EMBED + PLAN,
+        commands=EMBED + PLAN + (SEARCH,),
+        help_by_command=(
+            (SEARCH, "The query's named prompt (default: its family's query prompt, see gemma-embed models)."),
+        ),
         panel=RETRIEVAL,
         metavar="NAME",
+        stage=PREPARE,
     )
     prompt: str | None = option(
-        None, "This prompt before each item.", commands=EMBED + PLAN, panel=RETRIEVAL, metavar="TEXT"
+        None,
+        "This prompt before each item.",
+        commands=EMBED + PLAN + (SEARCH,),
+        help_by_command=((SEARCH, "This prompt before each query instead."),),
+        panel=RETRIEVAL,
+        metavar="TEXT",
+        stage=PREPARE,
     )
     dim: int | None = option(
         None,
@@ -482,16 +560,36 @@ class RunConfig:
         panel=RETRIEVAL,
         check=at_least(1),
         metavar="N",
+        stage=ENCODE,
     )
     # Output ----------------------------------------------------------------------------------------------
     output: Path = option(
-        Path("embeddings.safetensors"), "Output .safetensors file.", panel=OUTPUT, flags=("-o",), metavar="FILE"
+        Path("embeddings.safetensors"),
+        "Output .safetensors file.",
+        commands=EMBED + (EXPORT,),
+        help_by_command=((EXPORT, "Default: OUT.parquet / OUT.npy beside it."),),
+        command_defaults={EXPORT: None},
+        panel=OUTPUT,
+        flags=("-o",),
+        metavar="FILE",
+        stage=WRITE,
     )
-    overwrite: bool = option(False, "Replace an existing output.", panel=OUTPUT)
-    resume: bool = option(False, "Finish or add to an output, reusing items.", panel=OUTPUT)
-    prune: bool = option(False, "With --resume: drop items not in the input.", panel=OUTPUT)
+    overwrite: bool = option(
+        False,
+        "Replace an existing output.",
+        commands=EMBED + (EXPORT,),
+        help_by_command=((EXPORT, "Replace existing files."),),
+        panel=OUTPUT,
+        stage=WRITE,
+    )
+    resume: bool = option(False, "Finish or add to an output, reusing items.", panel=OUTPUT, stage=WRITE)
+    prune: bool = option(False, "With --resume: drop items not in the input.", panel=OUTPUT, stage=WRITE)
     output_dtype: OutputDtype = option(
-        OutputDtype.float32, "float32, float16 or bfloat16.", panel=OUTPUT, metavar="DTYPE"
+        OutputDtype.float32,
+        "float32, float16 or bfloat16.",
+        panel=OUTPUT,
+        metavar="DTYPE",
+        stage=WRITE,
     )
     pool: Pool = option(
         Pool.none,
@@ -500,6 +598,7 @@ class RunConfig:
         help_by_command=(("video", "none, mean or frame (a row per frame)."),),
         panel=OUTPUT,
         metavar="POOL",
+        stage=POOL,
     )
     shard_size: int | None = option(
         None,
@@ -507,6 +606,7 @@ class RunConfig:
         panel=OUTPUT,
         check=at_least(1),
         metavar="N",
+        stage=WRITE,
     )
     flush_every: int = option(
         500,
@@ -514,9 +614,25 @@ class RunConfig:
         panel=OUTPUT,
         check=at_least(1),
         metavar="N",
+        stage=WRITE,
     )
-    jsonl: bool = option(False, "One JSON record per item on stdout.", panel=OUTPUT)
-    quiet: bool = option(False, "Nothing on stderr.", commands=EMBED + PLAN, panel=OUTPUT, flags=("-q",))
+    jsonl: bool = option(
+        False,
+        "One JSON record per item on stdout.",
+        commands=EMBED + (SEARCH,),
+        help_by_command=((SEARCH, "One JSON record per hit."),),
+        panel=OUTPUT,
+        stage=RUN,
+    )
+    quiet: bool = option(
+        False,
+        "Nothing on stderr.",
+        commands=EMBED + PLAN + (INDEX,),
+        help_by_command=((INDEX, "No progress notes."),),
+        panel=OUTPUT,
+        flags=("-q",),
+        stage=RUN,
+    )
     # Performance -----------------------------------------------------------------------------------------
     batch_size: int | None = option(
         None,
@@ -527,6 +643,7 @@ class RunConfig:
         cli_default="auto",
         parse=parse_auto_count,
         metavar="auto|N",
+        stage=ENCODE,
     )
     memory_budget: BudgetSpec = option(
         BudgetSpec(),
@@ -537,6 +654,7 @@ class RunConfig:
         cli_default=None,
         parse=parse_budget,
         metavar="SIZE",
+        stage=ENCODE,
     )
     cpu_threads: int | None = option(
         None,
@@ -547,6 +665,7 @@ class RunConfig:
         cli_default="auto",
         parse=parse_auto_count,
         metavar="auto|N",
+        stage=ENCODE,
     )
     workers: int = option(
         2,
@@ -555,6 +674,7 @@ class RunConfig:
         panel=PERFORMANCE,
         check=at_least(1),
         metavar="N",
+        stage=RUN,
     )
     num_slices: int | None = option(
         None,
@@ -563,6 +683,7 @@ class RunConfig:
         aliases=("--num-shards",),
         check=at_least(1),
         metavar="N",
+        stage=FIND,
     )
     slice_index: int | None = option(
         None,
@@ -571,6 +692,7 @@ class RunConfig:
         aliases=("--shard-index",),
         check=at_least(0),
         metavar="I",
+        stage=FIND,
     )
     ray: str | None = option(
         None,
@@ -580,10 +702,13 @@ class RunConfig:
         check=ray_address,
         flag_value=RAY_DEFAULT,
         metavar="[ADDRESS]",
+        stage=RUN,
     )
     # Robustness ------------------------------------------------------------------------------------------
-    on_error: OnError = option(OnError.skip, "Skip a bad item (named) or stop.", panel=ROBUSTNESS, metavar="skip|stop")
-    debug: bool = option(False, "Tracebacks of failed items.", commands=EMBED + PLAN, panel=ROBUSTNESS)
+    on_error: OnError = option(
+        OnError.skip, "Skip a bad item (named) or stop.", panel=ROBUSTNESS, metavar="skip|stop", stage=RUN
+    )
+    debug: bool = option(False, "Tracebacks of failed items.", commands=EMBED + PLAN, panel=ROBUSTNESS, stage=RUN)
 
     def __post_init__(self) -> None:
         # Plain strings from Python callers become the fields' enums; a wrong value fails here, by name.
@@ -646,6 +771,92 @@ def _enum_fields() -> dict[str, type[Choice]]:
     """Fields whose annotation is one of the enums above (read from the annotations, not listed again)."""
     hints = typing.get_type_hints(RunConfig)
     return {name: kind for name, kind in hints.items() if isinstance(kind, type) and issubclass(kind, Choice)}
+
+
+@dataclass(frozen=True)
+class InspectionOptions:
+    """The options of the commands that read an output (`search`, `index`, `inspect`, `export`) and of `models`
+    that no embed command takes: declared here once, beside RunConfig's, and read by the command line the same
+    way. The options these commands share with the embed commands (`--model`, `--device`, `--dtype`,
+    `--prompt-name`, `--prompt`, `--jsonl`, `-q`, `-o`, `--overwrite`) are RunConfig's fields, with the commands'
+    own help in `help_by_command`."""
+
+    # search --------------------------------------------------------------------------------------------
+    queries: Path | None = option(None, "Many texts, one a line (- for stdin).", commands=(SEARCH,), metavar="FILE")
+    image: list[Path] | None = option(
+        None, "Look for this image (repeat, or a folder).", commands=(SEARCH,), metavar="FILE"
+    )
+    video: list[Path] | None = option(
+        None, "Look for this video (repeat, or a folder).", commands=(SEARCH,), metavar="FILE"
+    )
+    audio: list[Path] | None = option(
+        None, "Look for this audio file (repeat, or a folder).", commands=(SEARCH,), metavar="FILE"
+    )
+    top: int = option(
+        10,
+        "Hits to show (at least 1).",
+        commands=(SEARCH,),
+        panel=OUTPUT,
+        flags=("-k",),
+        check=at_least(1),
+        metavar="K",
+    )
+    html: Path | None = option(
+        None, "Also write a page with thumbnails and players.", commands=(SEARCH,), panel=OUTPUT, metavar="FILE"
+    )
+    exact: bool = option(
+        False, "Exact search even where the output has an index.", commands=(SEARCH,), panel=PERFORMANCE
+    )
+    # index ---------------------------------------------------------------------------------------------
+    kind: str = option(
+        "auto",
+        "auto, flat, ivf or hnsw (auto: flat below 100k rows).",
+        commands=(INDEX,),
+        panel=OUTPUT,
+        metavar="KIND",
+    )
+    metric: str = option("cosine", "The similarity (cosine).", commands=(INDEX,), panel=OUTPUT, metavar="METRIC")
+    # inspect, export, models ---------------------------------------------------------------------------
+    limit: int = option(
+        20, "Items to list (0 = all).", commands=(INSPECT,), panel=OUTPUT, check=at_least(0), metavar="N"
+    )
+    to: ExportFormat | None = option(
+        None, "parquet or npy (+ .keys.txt).", commands=(EXPORT,), panel=OUTPUT, metavar="FORMAT", required=True
+    )
+    as_json: bool = option(
+        False,
+        "The header, keys and items as one JSON object.",
+        commands=(INSPECT, MODELS),
+        help_by_command=((MODELS, "The table as one JSON list."),),
+        long="--json",
+        panel=OUTPUT,
+    )
+
+
+# Every option of every command, in the order `--help` lists them within a panel (a command's own first).
+OPTION_TABLES = (InspectionOptions, RunConfig)
+
+
+def declared_options(command: str) -> list[tuple[dataclasses.Field, Any, Option]]:
+    """(field, its type, its Option) of every option `command` takes, from both tables, in their order."""
+    found = []
+    for table in OPTION_TABLES:
+        hints = typing.get_type_hints(table)
+        for f in dataclasses.fields(table):
+            spec = option_of(f)
+            if spec is not None and command in spec.commands:
+                found.append((f, hints[f.name], spec))
+    return found
+
+
+def stage_options() -> tuple[str, ...]:
+    """The RunConfig fields that change a command's stages (their `Option.stage` is one `Embedder.command` builds):
+    the route's key besides the command."""
+    return tuple(
+        f.name
+        for f in dataclasses.fields(RunConfig)
+        if (spec := option_of(f)) is not None and spec.stage in ROUTE_STAGES
+    )
 
 
 # ------------------------------------------------------------------------------------------ spellings

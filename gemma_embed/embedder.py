@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from gemma_embed.config import MEDIA_MODALITIES, Modality, Pool, RunConfig, Space, python_spelling
+from gemma_embed.config import MEDIA_MODALITIES, Modality, Pool, RunConfig, Space, python_spelling, stage_options
 from gemma_embed.cpu_threads import CpuThreads
 from gemma_embed.decoding import WINDOW_ITEMS, Prepared, prepared_stream
 from gemma_embed.errors import ItemError, UsageError
@@ -32,21 +32,10 @@ OVERLAP_ON_CPU = False
 # A decode window holds about this many seconds of encode work at the measured rate: items leave (written,
 # reported) within seconds of the start, and a stop loses little, while a GPU still gets full buckets.
 WINDOW_SECONDS = 4.0
-# What a command's stages depend on besides the checkpoint: a change in any of them is another set of stages.
-STAGE_OPTIONS = (
-    "space",
-    "pool",
-    "dim",
-    "prompt",
-    "prompt_name",
-    "max_soft_tokens",
-    "pan_and_scan",
-    "fps",
-    "max_frames",
-    "window_s",
-)
-# What a command's engines depend on besides its stages: another value is another set of engines (the towers shared).
-ENGINE_OPTIONS = ("batch_size",)
+# What a command's stages depend on besides the checkpoint: a change in any of them is another set of stages. The
+# options whose `Option.stage` is one the route builds (config.ROUTE_STAGES); tests/integration/test_stage_options.py
+# checks them against the fields a route's building reads.
+STAGE_OPTIONS = stage_options()
 
 
 class Sink(Protocol):
@@ -199,7 +188,7 @@ class Embedder:
             config.check()
         except ValueError as exc:  # a keyword's value (batch_size=-3), named as the caller wrote it
             raise UsageError(str(exc)) from None
-        key = (config.modality, *(getattr(config, name) for name in STAGE_OPTIONS + ENGINE_OPTIONS))
+        key = (config.modality, *(getattr(config, name) for name in STAGE_OPTIONS))
         if key not in self._commands:
             chosen = registry.resolve(config, self.checkpoint)  # every usage error, from configs alone
             stages = chosen.build(config, self.checkpoint, self.device, self.dtype)
@@ -533,7 +522,7 @@ def _python_words():
     try:
         yield
     except UsageError as exc:
-        raise type(exc)(python_spelling(str(exc))) from None
+        raise exc.reworded(python_spelling(str(exc))) from None
 
 
 def _is_pil(value: Any) -> bool:

@@ -54,7 +54,7 @@ def run(
     except UsageError as exc:
         if own_process:  # the command line's words
             raise
-        raise type(exc)(python_spelling(str(exc))) from None
+        raise exc.reworded(python_spelling(str(exc))) from None
 
 
 def _run(config: RunConfig, reporter: Reporter | None, stdin, own_process: bool, make_writer: WriterFactory):

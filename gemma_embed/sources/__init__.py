@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO
 
 from gemma_embed.config import Modality
-from gemma_embed.errors import UsageError
+from gemma_embed.errors import MissingFile, UsageError
 from gemma_embed.interrupts import responsive
 from gemma_embed.sources import table
 from gemma_embed.sources.base import Collection, SkippedMember, Source
@@ -128,9 +128,9 @@ def check_given_paths(inputs: Iterable[str]) -> None:
             continue
         path = Path(given)
         if path.is_symlink() and not path.exists():
-            raise UsageError(f"{given}: dangling symbolic link (its target does not exist)")
+            raise MissingFile(f"{given}: dangling symbolic link (its target does not exist)")
         if not path.exists():
-            raise UsageError(f"{given}: no such file or directory")
+            raise MissingFile(f"{given}: no such file or directory")
 
 
 def require_input(

@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from gemma_embed import FORMAT
-from gemma_embed.errors import UsageError
+from gemma_embed.errors import NotOurs
 
 
-class DamagedFile(UsageError, ValueError):
+class DamagedFile(NotOurs, ValueError):
     """A file that should be one of an output's (or a part) and is not: `FILE: not a KIND (REASON); FIX`.
 
-    A usage error (exit 2: the run cannot start on it) and a ValueError (what readers raised before)."""
+    A usage error of the kind `errors.NOT_OURS` (exit 2: the run cannot start on it) and a ValueError (what
+    readers raised before)."""
 
     def __init__(self, file: Path, reason: str, kind: str = f"{FORMAT} file", fix: str = ""):
         self.file, self.reason, self.kind, self.fix = Path(file), " ".join(str(reason).split()), kind, fix

@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from gemma_embed.errors import UsageError
+from gemma_embed.errors import OutputBusy
 from gemma_embed.store.layout import cannot_write_here, lock_path, output_folder
 
 RUN, MERGE = "run", "merge"
@@ -48,8 +48,8 @@ _holders_guard = threading.Lock()
 def output_lock(
     output: Path, role: str = RUN, busy_hint: str = "wait for it to finish or choose another --output"
 ) -> Iterator[None]:
-    """Hold `output`'s lock for the block; a `UsageError` at once, naming the holder's PID, when another run
-    (or thread) holds it. `role` MERGE waits for another merge instead of failing."""
+    """Hold `output`'s lock for the block; an `OutputBusy` (a UsageError) at once, naming the holder's PID, when
+    another run (or thread) holds it. `role` MERGE waits for another merge instead of failing."""
     output = Path(output)
     path = lock_path(output)
     key = Path(os.path.realpath(path.parent)) / path.name
@@ -124,12 +124,12 @@ def _holder(fd: int) -> tuple[int | None, str]:
         time.sleep(0.01)
 
 
-def _busy(output: Path, pid: int | None, role: str, hint: str) -> UsageError:
+def _busy(output: Path, pid: int | None, role: str, hint: str) -> OutputBusy:
     details = [f"PID {pid}"] if pid else []
     if role == MERGE:
         details.append("joining slices")
     who = "another gemma-embed run" + (f" ({', '.join(details)})" if details else "")
-    return UsageError(f"{output}: {who} is writing this output; {hint}")
+    return OutputBusy(f"{output}: {who} is writing this output; {hint}")
 
 
 def _release(path: Path, fd: int) -> None:

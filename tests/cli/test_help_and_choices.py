@@ -59,7 +59,7 @@ def test_plan_lists_its_modalities_and_search_k_shows_no_range():
             ["images", "x", "--dtype", "f8"],
             "error: Invalid value for '--dtype': 'f8': choose auto, float32, bfloat16 or float16",
         ),
-        (["search", "x", "q", "-k", "0"], "error: Invalid value for '-k' / '--top': must be at least 1, got 0"),
+        (["search", "x", "q", "-k", "0"], "error: Invalid value for '--top' / '-k': must be at least 1, got 0"),
     ],
     ids=["export-to", "pool", "dtype", "top"],
 )

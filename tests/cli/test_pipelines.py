@@ -321,7 +321,9 @@ def test_a_budget_below_one_unit_is_a_warning_with_the_cost(tmp_path):
     assert warnings[0].endswith(" MiB: units run one at a time, over the budget")
 
 
-@pytest.mark.parametrize("command", ["images", "video", "audio", "text", "plan", "inspect"])
+@pytest.mark.parametrize(
+    "command", ["images", "video", "audio", "text", "plan", "search", "index", "inspect", "export", "models"]
+)
 def test_help_fits_80_columns(command):
     proc = _cli(command, "--help", env={"COLUMNS": "80"})
     lines = proc.stdout.splitlines()

@@ -7,6 +7,7 @@ import pytest
 from helpers import ROOT, SAMPLE_MODEL, run_images
 
 import gemma_embed
+from gemma_embed import errors
 from gemma_embed.errors import UsageError
 
 IMAGES = ROOT / "samples" / "media" / "images"
@@ -22,6 +23,21 @@ def test_a_second_run_from_python_names_overwrite_true(tmp_path):
     # The command line's own words for the same refusal:
     with pytest.raises(UsageError, match="pass --overwrite to replace it or --resume to add to it"):
         run_images([IMAGES], SAMPLE_MODEL, out, overwrite=False)
+
+
+def test_a_damaged_output_from_python_is_a_damaged_file_naming_overwrite_true(tmp_path):
+    """Every kind of usage error is reworded for Python, keeping its type (a DamagedFile is built from its parts:
+    rewording it by its constructor raised a TypeError instead)."""
+    from gemma_embed.store.damage import DamagedFile
+
+    out = tmp_path / "o.safetensors"
+    out.write_bytes(b"not an output at all")
+    config = gemma_embed.RunConfig(modality="images", inputs=[IMAGES], model=str(SAMPLE_MODEL), output=out, resume=True)
+    with pytest.raises(DamagedFile) as caught:
+        gemma_embed.run(config)
+    assert str(caught.value).startswith(f"{out}: not a gemma-embed/1 file (")
+    assert str(caught.value).endswith("; remove it or run with overwrite=True")
+    assert caught.value.file == out and caught.value.error_kind is errors.NOT_OURS
 
 
 def test_the_embedder_names_its_keywords():
