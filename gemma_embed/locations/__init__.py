@@ -27,7 +27,14 @@ from __future__ import annotations
 import os
 
 from gemma_embed.locations.base import Files, NotRegularFile
-from gemma_embed.locations.location import REMOTE_NEEDS, Location, filesystem_for, location, split_protocol
+from gemma_embed.locations.location import (
+    REMOTE_NEEDS,
+    Location,
+    UnsupportedLocation,
+    filesystem_for,
+    location,
+    split_protocol,
+)
 
 __all__ = [
     "OUTSIDE_THE_SEAM",
@@ -35,6 +42,7 @@ __all__ = [
     "Files",
     "Location",
     "NotRegularFile",
+    "UnsupportedLocation",
     "filesystem_for",
     "location",
     "regular_file",

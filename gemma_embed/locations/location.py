@@ -46,6 +46,15 @@ REMOTE_NEEDS = {
 _LOCAL_FILES = LocalFiles()
 
 
+class UnsupportedLocation(UsageError):
+    """A location on a protocol the tool cannot open (yet): `LOCATION: REASON`. Where a location is data (a path
+    list on stdin, a table's path cell) the item fails with the reason; on the command line it is a usage error."""
+
+    def __init__(self, where: Location, reason: str) -> None:
+        self.where, self.reason = where, reason
+        super().__init__(f"{where}: {reason}")
+
+
 def split_protocol(text: str) -> tuple[str | None, str]:
     """(protocol, path) of a location string; protocol None for a local path."""
     match = _PROTOCOL.match(text)
@@ -60,13 +69,13 @@ def _normal(path: str) -> str:
 
 def filesystem_for(where: Location) -> Files:
     """The filesystem of a location's protocol: local files; for any other protocol (not supported yet), the one
-    UsageError that says so, naming the location."""
+    error that says so, naming the location (`UnsupportedLocation`, a UsageError)."""
     if where.protocol == LOCAL:
         return _LOCAL_FILES
     needs = REMOTE_NEEDS.get(where.protocol)
     if needs is None:
-        raise UsageError(f"{where}: {where.protocol}:// locations are not supported (local paths only)")
-    raise UsageError(f"{where}: {where.protocol}:// locations need {needs} (not supported yet)")
+        raise UnsupportedLocation(where, f"{where.protocol}:// locations are not supported (local paths only)")
+    raise UnsupportedLocation(where, f"{where.protocol}:// locations need {needs} (not supported yet)")
 
 
 class Location:

@@ -244,3 +244,36 @@ def test_a_folder_that_takes_no_new_file_fails_the_probe_and_nothing_is_left(tmp
     assert os.listdir(tmp_path) == []
     with pytest.raises(FileNotFoundError):
         location(tmp_path / "missing").probe_folder("out.safetensors")
+
+
+# ------------------------------------------------------------------------------------------ remote inputs today
+
+
+def test_a_remote_input_is_a_usage_error_as_an_argument_and_a_failed_item_as_data(tmp_path):
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gemma_embed.sources import Collection, check_given_paths, iter_sources
+
+    for given in ("s3://bucket/x.jpg", "s3://bucket/{00000..00009}.tar"):
+        with pytest.raises(UsageError) as refused:
+            check_given_paths([given])
+        assert str(refused.value) == f"{given}: s3:// locations need s3fs (not supported yet)"
+    (tmp_path / "a.png").write_bytes(b"\x89PNG")
+    listed = io.StringIO(f"gs://bucket/x.jpg\n{tmp_path / 'a.png'}\n")
+    assert [(s.key, s.error) for s in iter_sources(["-"], "images", stdin=listed)] == [
+        ("gs://bucket/x.jpg", "gs:// locations need gcsfs (not supported yet)"),
+        (str(tmp_path / "a.png"), None),
+    ]
+    pq.write_table(pa.table({"image": ["hf://datasets/o/n/x.jpg", "a.png"]}), tmp_path / "t.parquet")
+    rows = list(iter_sources([str(tmp_path / "t.parquet")], "images", collection=Collection(column="image")))
+    assert [(s.error, s.path) for s in rows] == [
+        (
+            "row 0 names 'hf://datasets/o/n/x.jpg': hf:// locations need huggingface_hub's HfFileSystem "
+            "(not supported yet)",
+            str(tmp_path / "t.parquet"),
+        ),
+        (None, str(tmp_path / "a.png")),
+    ]
