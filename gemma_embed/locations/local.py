@@ -20,9 +20,7 @@ Safety lives here, in one place, for the hostile-input work that follows:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import secrets
 import shutil
 import stat
 from collections.abc import Iterator
@@ -163,6 +161,8 @@ class LocalFiles:
     def facts(self, path: str) -> dict[str, Any]:
         """Size, modification time and SHA-256 of the content: how `--resume` tells a changed file. The content is
         read once, a block at a time."""
+        import hashlib  # here: loading OpenSSL (16 ms on the busy 2-core machine) is for the runs that hash
+
         st = self.regular_file(path)
         digest = hashlib.sha256()
         with self.open_input(path) as fh:
@@ -224,7 +224,7 @@ class LocalFiles:
 
     def probe_folder(self, folder: str, name: str) -> None:
         """OSError unless `folder` takes a new file: an empty one named after `name` is created and removed."""
-        probe = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.probe")
+        probe = os.path.join(folder, f".{name}.{_token()}.probe")
         os.close(os.open(probe, _CREATE, 0o600))
         os.unlink(probe)
 
@@ -237,8 +237,13 @@ class LocalFiles:
         return path
 
 
+def _token() -> str:
+    """Eight random hex digits (what secrets.token_hex(4) gives, without importing it before it is needed)."""
+    return os.urandom(4).hex()
+
+
 def _temp_name(name: str) -> str:
-    return f".{name}.{secrets.token_hex(4)}.tmp"
+    return f".{name}.{_token()}.tmp"
 
 
 @contextlib.contextmanager

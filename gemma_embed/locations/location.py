@@ -2,15 +2,17 @@
 
 `location(value)` parses a string once, as fsspec's `url_to_fs` splits a URL: `PROTOCOL://PATH` names a location
 on that protocol's filesystem (`s3://bucket/a/b.tar`: protocol "s3", path "bucket/a/b.tar"); anything else (and
-`file://PATH`) is a local path. Path arithmetic works on the path with the protocol kept (`parent`, `name`,
-`suffix`, `with_name`, `/`), where pathlib would collapse `s3://` to `s3:/`. A local path is normalised as pathlib
-normalises it (`./a//b/` is `a/b`), so names the tool derives and writes are the ones it wrote before.
+`file://PATH`) is a local path. Path arithmetic keeps the protocol (`parent`, `name`, `suffix`, `with_name`, `/`),
+where pathlib would collapse `s3://` to `s3:/`.
 
-Every operation is the location's filesystem's (`Location.fs`, base.Files), bound to its path. Only local files are
-implemented; any other protocol is refused when first used, in one line from one place (`filesystem_for`), so
-object storage is a matter of adding its filesystem there. A local location is also an `os.PathLike` (libraries
-that take a file name accept it) equal to the `pathlib.Path` of the same path, so what the library hands back
-(outputs, parts, index files) compares and opens as the paths it handed back before.
+Two kinds, one interface (the `Location` base): a local location is a `LocalLocation`, which *is* a
+`pathlib.PosixPath` (normalised as pathlib normalises: `./a//b/` is `a/b`), so what the library hands back (outputs,
+parts, index files) is the `Path` it handed back before, and every library that takes a file name accepts it; any
+other protocol gives a `RemoteLocation` (protocol and path, its own arithmetic on the path, no `os.fspath`: a library
+that opens by name must not be given it). Every operation is the location's filesystem's (`Location.fs`,
+base.Files), bound to its path, with fsspec's names. Only local files are implemented; any other protocol is
+refused when first used, in one line from one place (`filesystem_for`), so object storage is a matter of adding its
+filesystem there.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import fnmatch
 import os
 import re
 from collections.abc import Iterator
-from pathlib import PurePosixPath
-from typing import Any, BinaryIO
+from pathlib import PosixPath, PurePosixPath
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from gemma_embed.errors import UsageError
 from gemma_embed.locations.base import Files
@@ -46,9 +48,10 @@ REMOTE_NEEDS = {
 _LOCAL_FILES = LocalFiles()
 
 
-class UnsupportedLocation(UsageError):
+class UnsupportedLocation(UsageError, ValueError):
     """A location on a protocol the tool cannot open (yet): `LOCATION: REASON`. Where a location is data (a path
-    list on stdin, a table's path cell) the item fails with the reason; on the command line it is a usage error."""
+    list on stdin, a table's path cell) the item fails with the reason; on the command line it is a usage error.
+    A ValueError too (a value the tool cannot use), as readers that name a bad file in one line catch."""
 
     def __init__(self, where: Location, reason: str) -> None:
         self.where, self.reason = where, reason
@@ -63,10 +66,6 @@ def split_protocol(text: str) -> tuple[str | None, str]:
     return match.group(1).lower(), text[match.end() :]
 
 
-def _normal(path: str) -> str:
-    return str(PurePosixPath(path))
-
-
 def filesystem_for(where: Location) -> Files:
     """The filesystem of a location's protocol: local files; for any other protocol (not supported yet), the one
     error that says so, naming the location (`UnsupportedLocation`, a UsageError)."""
@@ -79,109 +78,53 @@ def filesystem_for(where: Location) -> Files:
 
 
 class Location:
-    """A location: `protocol` ("file" for local paths) and the `path` on that protocol's filesystem."""
+    """What every location offers: its `protocol` ("file" for local paths), its `path` on that protocol's
+    filesystem, and the filesystem's operations bound to it (fsspec's, then the tool's)."""
 
-    __slots__ = ("protocol", "path")
-    protocol: str
-    path: str
+    __slots__ = ()
 
-    def __init__(self, protocol: str, path: str) -> None:
-        object.__setattr__(self, "protocol", protocol)
-        object.__setattr__(self, "path", path)
+    @property
+    def protocol(self) -> str:
+        raise NotImplementedError
 
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("a Location is immutable")
+    @property
+    def path(self) -> str:
+        raise NotImplementedError
 
-    def __reduce__(self) -> tuple:
-        return (Location, (self.protocol, self.path))
+    def _at(self, path: str) -> Location:
+        """Another location on the same filesystem."""
+        raise NotImplementedError
 
-    # ------------------------------------------------------------------------------------------ as a value
+    if TYPE_CHECKING:  # pathlib's arithmetic (LocalLocation) or RemoteLocation's own; not defined here, so a
+        # LocalLocation keeps pathlib's
+
+        @property
+        def name(self) -> str: ...
+        @property
+        def suffix(self) -> str: ...
+        @property
+        def suffixes(self) -> list[str]: ...
+        @property
+        def stem(self) -> str: ...
+        @property
+        def parent(self) -> Location: ...
+        def with_name(self, name: str) -> Location: ...
+        def with_suffix(self, suffix: str) -> Location: ...
+        def __truediv__(self, part: str) -> Location: ...
+        def relative_to(self, other: Location) -> PurePosixPath: ...
+        def is_relative_to(self, other: Location) -> bool: ...
+        def is_absolute(self) -> bool: ...
+        def expanduser(self) -> Location: ...
+
     @property
     def is_local(self) -> bool:
         return self.protocol == LOCAL
 
-    def __str__(self) -> str:
-        return self.path if self.is_local else f"{self.protocol}://{self.path}"
-
-    def __repr__(self) -> str:
-        return f"Location({str(self)!r})"
-
-    def __fspath__(self) -> str:
-        """The local path; a remote location has none (a library that opens by name must not get it)."""
-        if not self.is_local:
-            raise TypeError(f"{self}: not a local file")
-        return self.path
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Location):
-            return (self.protocol, self.path) == (other.protocol, other.path)
-        if isinstance(other, os.PathLike) and self.is_local:  # a pathlib.Path of the same path
-            return PurePosixPath(self.path) == PurePosixPath(os.fspath(other))
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        # Equal to a Path of the same path, so hashed as one.
-        return hash(PurePosixPath(self.path)) if self.is_local else hash((self.protocol, self.path))
-
-    # ------------------------------------------------------------------------------------------ arithmetic
-    def _with_path(self, path: str) -> Location:
-        return Location(self.protocol, _normal(path))
-
-    @property
-    def _pure(self) -> PurePosixPath:
-        return PurePosixPath(self.path)
-
-    @property
-    def name(self) -> str:
-        return self._pure.name
-
-    @property
-    def suffix(self) -> str:
-        return self._pure.suffix
-
-    @property
-    def suffixes(self) -> list[str]:
-        return self._pure.suffixes
-
-    @property
-    def stem(self) -> str:
-        return self._pure.stem
-
-    @property
-    def parent(self) -> Location:
-        return self._with_path(str(self._pure.parent))
-
-    def with_name(self, name: str) -> Location:
-        """The sibling named `name` (`s3://b/a/x.tar` -> `s3://b/a/NAME`)."""
-        return self._with_path(str(self._pure.with_name(name)))
-
-    def with_suffix(self, suffix: str) -> Location:
-        return self._with_path(str(self._pure.with_suffix(suffix)))
-
-    def __truediv__(self, part: str) -> Location:
-        return self._with_path(str(self._pure / part))
-
-    def relative_to(self, other: Location) -> str:
-        """This location's path under `other`'s, with forward slashes (ValueError when it is not under it)."""
-        if other.protocol != self.protocol:
-            raise ValueError(f"{self} is not under {other}")
-        return self._pure.relative_to(other.path).as_posix()
-
-    def is_relative_to(self, other: Location) -> bool:
-        return other.protocol == self.protocol and self._pure.is_relative_to(other.path)
-
-    def is_absolute(self) -> bool:
-        return not self.is_local or self._pure.is_absolute()
-
-    def expanduser(self) -> Location:
-        """`~` and `~user` expanded in a local path (a remote path has no home)."""
-        return self._with_path(os.path.expanduser(self.path)) if self.is_local else self
-
-    # ------------------------------------------------------------------------------------------ fsspec's
     @property
     def fs(self) -> Files:
         return filesystem_for(self)
 
+    # ------------------------------------------------------------------------------------------ fsspec's
     def info(self) -> dict[str, Any]:
         return self.fs.info(self.path)
 
@@ -211,7 +154,7 @@ class Location:
         """(folder, its folder names, its other names) from this folder down; sort or prune the folder names in
         place to steer the walk."""
         for root, dirs, files in self.fs.walk(self.path):
-            yield self._with_path(root), dirs, files
+            yield self._at(root), dirs, files
 
     def glob(self, pattern: str) -> list[Location]:
         """The folder's entries whose name matches `pattern` (fnmatch, case-sensitive; one level), sorted."""
@@ -233,10 +176,10 @@ class Location:
         with self.open("r", encoding=encoding, errors=errors) as fh:
             return fh.read()
 
-    def write_bytes(self, data: bytes) -> None:
+    def write_bytes(self, data: bytes) -> int:
         """fsspec's write_bytes (pipe_file): a plain write in place; the tool's own files use `atomic_write`."""
         with self.open("wb") as fh:
-            fh.write(data)
+            return fh.write(data)
 
     def rm_file(self, missing_ok: bool = False) -> None:
         try:
@@ -283,10 +226,136 @@ class Location:
         self.fs.probe_folder(self.path, name)
 
     def realpath(self) -> Location:
-        return self._with_path(self.fs.realpath(self.path))
+        return self._at(self.fs.realpath(self.path))
 
     def local_path(self) -> str:
         return self.fs.local_path(self.path)
+
+
+class LocalLocation(Location, PosixPath):  # type: ignore[misc] # pathlib's arithmetic, the seam's operations
+    """A local path: a `pathlib.PosixPath` (its arithmetic, equality and hashing, `os.fspath`) whose operations are
+    the seam's, on the local filesystem."""
+
+    __slots__ = ()
+
+    @property
+    def protocol(self) -> str:
+        return LOCAL
+
+    @property
+    def path(self) -> str:
+        return str(self)
+
+    def _at(self, path: str) -> Location:
+        return LocalLocation(path)
+
+    def open(  # type: ignore[override]
+        self,
+        mode: str = "r",
+        buffering: int = -1,
+        encoding: str | None = None,
+        errors: str | None = None,
+        newline: str | None = None,
+    ) -> Any:
+        """pathlib's open (text by default), through the seam."""
+        return self.fs.open(self.path, mode, buffering=buffering, encoding=encoding, errors=errors, newline=newline)
+
+
+class RemoteLocation(Location):
+    """A location on another protocol's filesystem: the protocol and the path on it, with pathlib's arithmetic
+    applied to the path alone."""
+
+    __slots__ = ("_protocol", "_path")
+    _protocol: str
+    _path: str
+
+    def __init__(self, protocol: str, path: str) -> None:
+        object.__setattr__(self, "_protocol", protocol)
+        object.__setattr__(self, "_path", str(PurePosixPath(path)))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("a Location is immutable")
+
+    def __reduce__(self) -> tuple:
+        return (RemoteLocation, (self._protocol, self._path))
+
+    @property
+    def protocol(self) -> str:
+        return self._protocol
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def _at(self, path: str) -> Location:
+        return RemoteLocation(self._protocol, path)
+
+    def __str__(self) -> str:
+        return f"{self._protocol}://{self._path}"
+
+    def __repr__(self) -> str:
+        return f"RemoteLocation({str(self)!r})"
+
+    def __fspath__(self) -> str:
+        raise TypeError(f"{self}: not a local file (a library that opens by name cannot read it)")
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RemoteLocation):
+            return (self._protocol, self._path) == (other._protocol, other._path)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self._protocol, self._path))
+
+    # ------------------------------------------------------------------------------------------ arithmetic
+    @property
+    def _pure(self) -> PurePosixPath:
+        return PurePosixPath(self._path)
+
+    @property
+    def name(self) -> str:
+        return self._pure.name
+
+    @property
+    def suffix(self) -> str:
+        return self._pure.suffix
+
+    @property
+    def suffixes(self) -> list[str]:
+        return self._pure.suffixes
+
+    @property
+    def stem(self) -> str:
+        return self._pure.stem
+
+    @property
+    def parent(self) -> Location:
+        return self._at(str(self._pure.parent))
+
+    def with_name(self, name: str) -> Location:
+        """The sibling named `name` (`s3://b/a/x.tar` -> `s3://b/a/NAME`)."""
+        return self._at(str(self._pure.with_name(name)))
+
+    def with_suffix(self, suffix: str) -> Location:
+        return self._at(str(self._pure.with_suffix(suffix)))
+
+    def __truediv__(self, part: str) -> Location:
+        return self._at(str(self._pure / part))
+
+    def relative_to(self, other: Location) -> PurePosixPath:
+        """This location's path under `other`'s (ValueError when it is not under it), as pathlib gives it."""
+        if other.protocol != self._protocol:
+            raise ValueError(f"{self} is not under {other}")
+        return self._pure.relative_to(other.path)
+
+    def is_relative_to(self, other: Location) -> bool:
+        return other.protocol == self._protocol and self._pure.is_relative_to(other.path)
+
+    def is_absolute(self) -> bool:
+        return True
+
+    def expanduser(self) -> Location:
+        return self  # a remote path has no home
 
 
 def location(where: str | os.PathLike | Location) -> Location:
@@ -296,6 +365,8 @@ def location(where: str | os.PathLike | Location) -> Location:
         return where
     text = os.fsdecode(os.fspath(where))
     protocol, path = split_protocol(text)
-    if protocol is None or protocol in LOCAL_PROTOCOLS:
-        return Location(LOCAL, _normal(path))
-    return Location(protocol, _normal(path))
+    if protocol is None:
+        return LocalLocation(text)
+    if protocol in LOCAL_PROTOCOLS:
+        return LocalLocation(path)
+    return RemoteLocation(protocol, path)

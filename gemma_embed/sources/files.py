@@ -194,7 +194,7 @@ def find_files(
             continue
         if is_dir:
             for file in _walk(path, walked, skipped):
-                rel = file.relative_to(path)
+                rel = file.relative_to(path).as_posix()
                 key = rel if rel not in seen_keys else str(path / rel)
                 yield from emit(key, file)
         elif path.exists():

@@ -33,7 +33,8 @@ def test_a_local_path_is_normalised_and_derived_as_pathlib_does():
         assert str(ours / "c.txt") == str(theirs / "c.txt")
     assert location(Path("x/y.tar")) == location("x/y.tar") == location("file://x/y.tar")
     assert {location("x/y"), Path("x/y")} == {Path("x/y")}  # equal and hashed alike
-    assert location("x/y/z.png").relative_to(location("x")) == "y/z.png"
+    assert location("x/y/z.png").relative_to(location("x")).as_posix() == "y/z.png"
+    assert isinstance(location("x"), Path)  # a local location is the pathlib.Path it was
     assert location("x/y").expanduser() == location("x/y")
     assert str(location("~/x").expanduser()) == os.path.expanduser("~/x")
 
@@ -51,7 +52,7 @@ def test_a_remote_location_keeps_its_protocol_where_pathlib_collapses_it():
         "hf://datasets/org/name/train-000.jsonl"
     )
     assert not shard.is_local and shard != Path("s3:/bucket/a/b.tar") and shard.is_absolute()
-    assert shard.relative_to(location("s3://bucket")) == "a/b.tar"
+    assert shard.relative_to(location("s3://bucket")).as_posix() == "a/b.tar"
     with pytest.raises(ValueError):
         location("gs://bucket/a").relative_to(location("s3://bucket"))
     with pytest.raises(TypeError, match="not a local file"):
@@ -64,7 +65,7 @@ def test_a_location_is_a_small_picklable_value():
     for text in ("photos/a.jpg", "s3://bucket/shards/00001.tar"):
         value = location(text)
         again = pickle.loads(pickle.dumps(value))
-        assert again == value and str(again) == text and repr(again) == f"Location({text!r})"
+        assert again == value and str(again) == text and type(again) is type(value) and text in repr(again)
         assert len(pickle.dumps(value)) < 120
     with pytest.raises(AttributeError):
         location("a").path = "b"
