@@ -2,7 +2,9 @@
 
 Every option comes from a `RunConfig` field (`config.py`): `_parameters(command)` turns the fields a command
 takes into Typer parameters, so this file names no option but the PATHS argument and `inspect`'s own.
-torch and transformers are imported only inside commands, so `gemma-embed --help` is instant.
+torch and transformers are imported only inside commands, so `gemma-embed --help` is instant. Files and folders
+are taken as text and parsed as locations of the seam (gemma_embed/locations), never as `pathlib.Path`s, which
+would collapse a protocol (`s3://` to `s3:/`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import dataclasses
 import inspect
 import sys
 import typing
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -19,6 +20,7 @@ import typer
 from gemma_embed import __version__
 from gemma_embed.config import Choice, Dtype, ExportFormat, RunConfig, option_of
 from gemma_embed.errors import GemmaEmbedError, UsageError
+from gemma_embed.locations import location
 
 
 class _Group(typer.core.TyperGroup):
@@ -309,19 +311,19 @@ def _at_least_one(value: int) -> int:
 
 @app.command("search", cls=_Command)
 def search_index(
-    index: Annotated[Path, typer.Argument(help="An output to search (.safetensors or .index.json).")],
+    index: Annotated[str, typer.Argument(help="An output to search (.safetensors or .index.json).")],
     query: Annotated[str | None, typer.Argument(help="Text to look for (retrieval indexes).")] = None,
     queries: Annotated[
-        Path | None, typer.Option("--queries", help="Many texts, one a line (- for stdin).", metavar="FILE")
+        str | None, typer.Option("--queries", help="Many texts, one a line (- for stdin).", metavar="FILE")
     ] = None,
     image: Annotated[
-        list[Path] | None, typer.Option(help="Look for this image (repeat, or a folder).", metavar="FILE")
+        list[str] | None, typer.Option(help="Look for this image (repeat, or a folder).", metavar="FILE")
     ] = None,
     video: Annotated[
-        list[Path] | None, typer.Option(help="Look for this video (repeat, or a folder).", metavar="FILE")
+        list[str] | None, typer.Option(help="Look for this video (repeat, or a folder).", metavar="FILE")
     ] = None,
     audio: Annotated[
-        list[Path] | None, typer.Option(help="Look for this audio file (repeat, or a folder).", metavar="FILE")
+        list[str] | None, typer.Option(help="Look for this audio file (repeat, or a folder).", metavar="FILE")
     ] = None,
     top: Annotated[
         int, typer.Option("-k", "--top", help="Hits to show (at least 1).", metavar="K", callback=_at_least_one)
@@ -331,7 +333,7 @@ def search_index(
     ] = False,
     jsonl: Annotated[bool, typer.Option("--jsonl", help="One JSON record per hit.", metavar="")] = False,
     html_file: Annotated[
-        Path | None, typer.Option("--html", help="Also write a page with thumbnails and players.", metavar="FILE")
+        str | None, typer.Option("--html", help="Also write a page with thumbnails and players.", metavar="FILE")
     ] = None,
     model: Annotated[
         str | None, typer.Option(help="Default: the index's model (another is refused).", metavar="ID|DIR")
@@ -354,14 +356,20 @@ def search_index(
     from gemma_embed.search import collect_queries, query_many, render_html_many, render_results
     from gemma_embed.store import check_output_folder
 
-    media = {kind: files for kind, files in (("images", image), ("video", video), ("audio", audio)) if files}
+    output, page = location(index), location(html_file) if html_file is not None else None
+    media = {
+        kind: [location(f) for f in files]
+        for kind, files in (("images", image), ("video", video), ("audio", audio))
+        if files
+    }
     try:
-        if html_file is not None:
-            check_output_folder(html_file)  # before the model loads
-        wanted = collect_queries([query] if query is not None else [], queries, media)
+        if page is not None:
+            check_output_folder(page)  # before the model loads
+        asked = location(queries) if queries is not None else None
+        wanted = collect_queries([query] if query is not None else [], asked, media)
         if not wanted:
             raise _fail("give a query: a text, --queries FILE, or --image, --video, --audio", 2)
-        results = query_many(index, wanted, top, model, device, str(dtype), prompt_name, prompt, exact)
+        results = query_many(output, wanted, top, model, device, str(dtype), prompt_name, prompt, exact)
     except UsageError as exc:
         raise _fail(str(exc), 2) from None
     except GemmaEmbedError as exc:
@@ -372,19 +380,19 @@ def search_index(
         if result.error is not None:
             _print_error(f"{result.query.describe()}: cannot embed the query: {result.error}")
     print(render_results(results, jsonl), end="")
-    if html_file is not None:
+    if page is not None:
         from gemma_embed.store import atomic_write_text
 
         groups = [(r.query.describe(), r.hits) for r in results if r.error is None]
-        atomic_write_text(html_file, render_html_many(groups, index=str(index)))
-        _print_note(f"wrote {html_file}")
+        atomic_write_text(page, render_html_many(groups, index=str(output)))
+        _print_note(f"wrote {page}")
     if any(r.error is not None for r in results):
         raise typer.Exit(1)
 
 
 @app.command("index", cls=_Command)
 def index_output(
-    path: Annotated[Path, typer.Argument(help="A gemma-embed output (.safetensors or .index.json).")],
+    path: Annotated[str, typer.Argument(help="A gemma-embed output (.safetensors or .index.json).")],
     kind: Annotated[
         str, typer.Option("--kind", help="auto, flat, ivf or hnsw (auto: flat below 100k rows).", metavar="KIND")
     ] = "auto",
@@ -397,14 +405,15 @@ def index_output(
     from gemma_embed.index import build_index
     from gemma_embed.progress import Reporter
 
+    output = location(path)
     try:
-        record = build_index(path, kind, metric, Reporter(quiet=quiet))
+        record = build_index(output, kind, metric, Reporter(quiet=quiet))
     except UsageError as exc:
         raise _fail(str(exc), 2) from None
     except (OSError, ValueError) as exc:
         raise _fail(str(exc), 1) from None
     fields = ("kind", "requested", "metric", "settings", "recall_at_10", "reason", "seconds")
-    summary = {"type": "index", "output": str(path), **{name: record[name] for name in fields if name in record}}
+    summary = {"type": "index", "output": str(output), **{name: record[name] for name in fields if name in record}}
     print(json.dumps(summary, ensure_ascii=True))
 
 
@@ -422,7 +431,7 @@ def list_models(
 
 @app.command("inspect", cls=_Command)
 def inspect_output(
-    path: Annotated[Path, typer.Argument(help="A gemma-embed output (.safetensors or .index.json).")],
+    path: Annotated[str, typer.Argument(help="A gemma-embed output (.safetensors or .index.json).")],
     limit: Annotated[int, typer.Option(help="Items to list (0 = all).", metavar="N")] = 20,
     json_out: Annotated[
         bool, typer.Option("--json", help="The header, keys and items as one JSON object.", metavar="")
@@ -432,14 +441,14 @@ def inspect_output(
     from gemma_embed.show import show
 
     try:
-        show(path, limit=limit, as_json=json_out)
+        show(location(path), limit=limit, as_json=json_out)
     except (OSError, ValueError) as exc:  # the reader's messages name the file
         raise _fail(str(exc), 2) from None
 
 
 @app.command("export", cls=_Command)
 def export_output(
-    path: Annotated[Path, typer.Argument(help="A gemma-embed output (.safetensors or .index.json).")],
+    path: Annotated[str, typer.Argument(help="A gemma-embed output (.safetensors or .index.json).")],
     to: Annotated[
         str,
         typer.Option(
@@ -447,7 +456,7 @@ def export_output(
         ),
     ],
     output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="Default: OUT.parquet / OUT.npy beside it.", metavar="FILE")
+        str | None, typer.Option("-o", "--output", help="Default: OUT.parquet / OUT.npy beside it.", metavar="FILE")
     ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing files.", metavar="")] = False,
 ) -> None:
@@ -457,7 +466,7 @@ def export_output(
     from gemma_embed.export import export
 
     try:
-        written = export(path, to, output, overwrite)
+        written = export(location(path), to, location(output) if output is not None else None, overwrite)
     except UsageError as exc:
         raise _fail(str(exc), 2) from None
     except (OSError, ValueError) as exc:

@@ -18,6 +18,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from gemma_embed.locations import Location, location
 from gemma_embed.memory import BudgetSpec, parse_budget
 
 DEFAULT_MODEL = "google/gemma-4-e2b-it"  # the media commands' default checkpoint
@@ -484,8 +485,15 @@ class RunConfig:
         metavar="N",
     )
     # Output ----------------------------------------------------------------------------------------------
-    output: Path = option(
-        Path("embeddings.safetensors"), "Output .safetensors file.", panel=OUTPUT, flags=("-o",), metavar="FILE"
+    output: Location = option(  # a location of the seam (gemma_embed/locations), as the command line spells it
+        location("embeddings.safetensors"),
+        "Output .safetensors file.",
+        panel=OUTPUT,
+        flags=("-o",),
+        metavar="FILE",
+        cli_type=str,
+        cli_default="embeddings.safetensors",
+        parse=location,
     )
     overwrite: bool = option(False, "Replace an existing output.", panel=OUTPUT)
     resume: bool = option(False, "Finish or add to an output, reusing items.", panel=OUTPUT)
@@ -612,7 +620,6 @@ class RunConfig:
             object.__setattr__(self, "inputs", (str(self.inputs),))
         else:
             object.__setattr__(self, "inputs", tuple(str(i) for i in self.inputs))
-        object.__setattr__(self, "output", Path(self.output))
 
     @property
     def collection(self) -> Collection:

@@ -6,7 +6,8 @@ creates, renames or removes a user's file (tests/unit/test_location_calls.py rea
 - `location(value)` -> `Location` (location.py): a string with its protocol, resolved to (filesystem, path) as
   `fsspec.core.url_to_fs` does; path arithmetic that keeps the protocol; fsspec's operations bound to it (`info`,
   `exists`, `isdir`, `isfile`, `ls`, `walk`, `glob`, `open`, `cat_file`, `rm_file`, `rm`, `makedirs`) and the
-  tool's (`regular_file`, `open_input`, `facts`, `atomic_write`, `temp_path`, `open_lock`, `probe_folder`).
+  tool's (`regular_file`, `open_input`, `facts`, `atomic_write`, `temp_path`, `open_lock`, `probe_folder`). A local
+  location is a `LocalLocation`, the `pathlib.Path` callers always had; any other protocol a `RemoteLocation`.
 - `Files` (base.py): what a filesystem provides; `LocalFiles` (local.py) is the first, with the safety of every
   file the tool creates and every input it opens.
 
@@ -29,7 +30,9 @@ import os
 from gemma_embed.locations.base import Files, NotRegularFile
 from gemma_embed.locations.location import (
     REMOTE_NEEDS,
+    LocalLocation,
     Location,
+    RemoteLocation,
     UnsupportedLocation,
     filesystem_for,
     location,
@@ -40,8 +43,10 @@ __all__ = [
     "OUTSIDE_THE_SEAM",
     "REMOTE_NEEDS",
     "Files",
+    "LocalLocation",
     "Location",
     "NotRegularFile",
+    "RemoteLocation",
     "UnsupportedLocation",
     "filesystem_for",
     "location",
@@ -61,7 +66,6 @@ OUTSIDE_THE_SEAM = {
     "locations/": "the seam itself",
     "models/": "checkpoints: the hub cache or a checkpoint folder (transformers, safetensors, tokenizer files)",
     "config.py": "the option table: model ids that look like folders, and how RunConfig spells paths",
-    "search.py:_same_model": "model ids that are folders (a checkpoint, not an input or output)",
     "cpu_threads.py": "the system's /proc/stat",
     "memory.py": "the system's cgroup memory limits under /sys/fs/cgroup",
     "device.py": "the system's /proc/cpuinfo",

@@ -278,3 +278,31 @@ def test_a_remote_input_is_a_usage_error_as_an_argument_and_a_failed_item_as_dat
         ),
         (None, str(tmp_path / "a.png")),
     ]
+
+
+@pytest.mark.parametrize(
+    "command, named",
+    [
+        (["images", "s3://bucket/photos/", "-o", "OUT"], "s3://bucket/photos"),
+        (["images", "IMAGES", "-o", "s3://bucket/out.safetensors"], "s3://bucket/out.safetensors"),
+        (["text", "-", "-o", "gs://bucket/out.safetensors"], "gs://bucket/out.safetensors"),
+        (["inspect", "hf://datasets/org/name/out.safetensors"], "hf://datasets/org/name/out.safetensors"),
+        (["export", "gs://bucket/out.safetensors", "--to", "npy"], "gs://bucket/out.safetensors"),
+        (["export", "OUT", "--to", "parquet", "-o", "s3://bucket/out.parquet"], "s3://bucket/out.parquet"),
+        (["index", "s3://bucket/out.safetensors"], "s3://bucket/out.safetensors"),
+        (["search", "s3://bucket/out.safetensors", "a cat"], "s3://bucket/out.safetensors"),
+    ],
+    ids=["input", "output", "text-output", "inspect", "export", "export-to", "index", "search"],
+)
+def test_every_command_refuses_a_remote_location_in_one_line_before_any_work(tmp_path, command, named):
+    from typer.testing import CliRunner
+
+    from gemma_embed.cli import app
+
+    images = Path(__file__).resolve().parents[2] / "samples" / "media" / "images"
+    given = [str(tmp_path / "out.safetensors") if a == "OUT" else str(images) if a == "IMAGES" else a for a in command]
+    result = CliRunner().invoke(app, given, catch_exceptions=False)
+    protocol = named.split("://")[0]
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {named}: {protocol}:// locations ") and result.stderr.count("\n") == 1
+    assert result.stdout == "" and os.listdir(tmp_path) == []
