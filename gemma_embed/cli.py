@@ -4,7 +4,9 @@ result or its fault to an exit code.
 Every option comes from a field of `config.py`'s tables (RunConfig, InspectionOptions): `_parameters(command)`
 turns the fields a command takes into Typer parameters, so this file names no option but `--list-extensions` and
 `--version`, and the commands' positional arguments. Every fault goes through one map (`_exits`, `errors.kind_of`).
-torch and transformers are imported only inside commands, so `gemma-embed --help` is instant.
+torch and transformers are imported only inside commands, so `gemma-embed --help` is instant. Files and folders
+are taken as text and parsed as locations of the seam (gemma_embed/locations), never as `pathlib.Path`s, which
+would collapse a protocol (`s3://` to `s3:/`).
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ import signal
 import sys
 import typing
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from gemma_embed import __version__, errors
 from gemma_embed.config import OPTION_TABLES, PANELS, Choice, RunConfig, declared_options, option_of
+from gemma_embed.locations import location
 
 
 class _Group(typer.core.TyperGroup):
@@ -96,7 +98,7 @@ def _callback(spec=None, choices: type[Choice] | None = None):
         try:
             if choices is not None and value is not None:
                 value = _choose(choices, value)
-            parsed = spec.parse(value) if spec is not None and spec.parse else value
+            parsed = spec.parse(value) if spec is not None and spec.parse and value is not None else value
             if spec is not None and spec.check:
                 spec.check(parsed)
         except ValueError as exc:
@@ -325,29 +327,35 @@ _command("plan", "Dry run: device, free memory, buckets and chunk sizes; nothing
 OUTPUT_ARGUMENT = "A gemma-embed output (.safetensors or .index.json)."
 
 
-def _search(index: Path, query: str | None, queries, image, video, audio, top, html, exact, **embedding) -> None:
+def _search(index: str, query: str | None, queries, image, video, audio, top, html, exact, **embedding) -> None:
     from gemma_embed.search import collect_queries, query_many, render_html_many, render_results
     from gemma_embed.store import check_output_folder
 
     jsonl = embedding.pop("jsonl")
-    media = {kind: files for kind, files in (("images", image), ("video", video), ("audio", audio)) if files}
-    if html is not None:
-        check_output_folder(html)  # before the model loads
-    wanted = collect_queries([query] if query is not None else [], queries, media)
+    output, page = location(index), location(html) if html is not None else None
+    media = {
+        kind: [location(f) for f in files]
+        for kind, files in (("images", image), ("video", video), ("audio", audio))
+        if files
+    }
+    if page is not None:
+        check_output_folder(page)  # before the model loads
+    asked = location(queries) if queries is not None else None
+    wanted = collect_queries([query] if query is not None else [], asked, media)
     if not wanted:
         raise errors.UsageError("give a query: a text, --queries FILE, or --image, --video, --audio")
     embedding["dtype"] = str(embedding["dtype"])
-    results = query_many(index, wanted, top, exact=exact, **embedding)
+    results = query_many(output, wanted, top, exact=exact, **embedding)
     for result in results:
         if result.error is not None:
             _print_error(f"{result.query.describe()}: cannot embed the query: {result.error}")
     print(render_results(results, jsonl), end="")
-    if html is not None:
+    if page is not None:
         from gemma_embed.store import atomic_write_text
 
         groups = [(r.query.describe(), r.hits) for r in results if r.error is None]
-        atomic_write_text(html, render_html_many(groups, index=str(index)))
-        _print_note(f"wrote {html}")
+        atomic_write_text(page, render_html_many(groups, index=str(output)))
+        _print_note(f"wrote {page}")
     if any(r.error is not None for r in results):
         raise typer.Exit(errors.ITEMS_FAILED.code)
 
@@ -358,21 +366,22 @@ _command(
     "index when it has one, see `gemma-embed index`; else exact).",
     _search,
     [
-        _argument("index", Path, "An output to search (.safetensors or .index.json)."),
+        _argument("index", str, "An output to search (.safetensors or .index.json)."),
         _argument("query", str | None, "Text to look for (retrieval indexes).", default=None),
     ],
 )
 
 
-def _index(path: Path, kind: str, metric: str, quiet: bool) -> None:
+def _index(path: str, kind: str, metric: str, quiet: bool) -> None:
     import json
 
     from gemma_embed.index import build_index
     from gemma_embed.progress import Reporter
 
-    record = build_index(path, kind, metric, Reporter(quiet=quiet))
+    output = location(path)
+    record = build_index(output, kind, metric, Reporter(quiet=quiet))
     fields = ("kind", "requested", "metric", "settings", "recall_at_10", "reason", "seconds")
-    summary = {"type": "index", "output": str(path), **{name: record[name] for name in fields if name in record}}
+    summary = {"type": "index", "output": str(output), **{name: record[name] for name in fields if name in record}}
     print(json.dumps(summary, ensure_ascii=True))
 
 
@@ -380,7 +389,7 @@ _command(
     "index",
     "Build an approximate-search index beside an output (OUT.search-index, OUT.faiss), which search then uses.",
     _index,
-    [_argument("path", Path, OUTPUT_ARGUMENT)],
+    [_argument("path", str, OUTPUT_ARGUMENT)],
 )
 
 
@@ -395,26 +404,26 @@ def _models(as_json: bool) -> None:
 _command("models", "The model families gemma-embed runs: model types, example hub ids, commands and spaces.", _models)
 
 
-def _inspect(path: Path, limit: int, as_json: bool) -> None:
+def _inspect(path: str, limit: int, as_json: bool) -> None:
     from gemma_embed.show import show
 
-    show(path, limit=limit, as_json=as_json)
+    show(location(path), limit=limit, as_json=as_json)
 
 
 _command(
     "inspect",
     "Show an output file: model, metadata and a table of items with their shapes.",
     _inspect,
-    [_argument("path", Path, OUTPUT_ARGUMENT)],
+    [_argument("path", str, OUTPUT_ARGUMENT)],
 )
 
 
-def _export(path: Path, to, output: Path | None, overwrite: bool) -> None:
+def _export(path: str, to, output, overwrite: bool) -> None:
     import json
 
     from gemma_embed.export import export
 
-    written = export(path, to, output, overwrite)
+    written = export(location(path), to, location(output) if output is not None else None, overwrite)
     _print_note(f"wrote {', '.join(written['files'])}")
     print(json.dumps({"type": "export", "to": str(to), **written}, ensure_ascii=True))
 
@@ -423,7 +432,7 @@ _command(
     "export",
     "Write an output as parquet (key, metadata columns, embedding) or .npy, streamed.",
     _export,
-    [_argument("path", Path, OUTPUT_ARGUMENT)],
+    [_argument("path", str, OUTPUT_ARGUMENT)],
 )
 
 

@@ -20,6 +20,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from gemma_embed.locations import Location, location
 from gemma_embed.memory import BudgetSpec, parse_budget
 
 DEFAULT_MODEL = "google/gemma-4-e2b-it"  # the media commands' default checkpoint
@@ -563,8 +564,8 @@ class RunConfig:
         stage=ENCODE,
     )
     # Output ----------------------------------------------------------------------------------------------
-    output: Path = option(
-        Path("embeddings.safetensors"),
+    output: Location = option(  # a location of the seam (gemma_embed/locations), as the command line spells it
+        location("embeddings.safetensors"),
         "Output .safetensors file.",
         commands=EMBED + (EXPORT,),
         help_by_command=((EXPORT, "Default: OUT.parquet / OUT.npy beside it."),),
@@ -572,6 +573,9 @@ class RunConfig:
         panel=OUTPUT,
         flags=("-o",),
         metavar="FILE",
+        cli_type=str,
+        cli_default="embeddings.safetensors",
+        parse=location,
         stage=WRITE,
     )
     overwrite: bool = option(
@@ -737,7 +741,6 @@ class RunConfig:
             object.__setattr__(self, "inputs", (str(self.inputs),))
         else:
             object.__setattr__(self, "inputs", tuple(str(i) for i in self.inputs))
-        object.__setattr__(self, "output", Path(self.output))
 
     @property
     def collection(self) -> Collection:
@@ -782,14 +785,14 @@ class InspectionOptions:
     own help in `help_by_command`."""
 
     # search --------------------------------------------------------------------------------------------
-    queries: Path | None = option(None, "Many texts, one a line (- for stdin).", commands=(SEARCH,), metavar="FILE")
-    image: list[Path] | None = option(
+    queries: str | None = option(None, "Many texts, one a line (- for stdin).", commands=(SEARCH,), metavar="FILE")
+    image: list[str] | None = option(
         None, "Look for this image (repeat, or a folder).", commands=(SEARCH,), metavar="FILE"
     )
-    video: list[Path] | None = option(
+    video: list[str] | None = option(
         None, "Look for this video (repeat, or a folder).", commands=(SEARCH,), metavar="FILE"
     )
-    audio: list[Path] | None = option(
+    audio: list[str] | None = option(
         None, "Look for this audio file (repeat, or a folder).", commands=(SEARCH,), metavar="FILE"
     )
     top: int = option(
@@ -801,7 +804,7 @@ class InspectionOptions:
         check=at_least(1),
         metavar="K",
     )
-    html: Path | None = option(
+    html: str | None = option(
         None, "Also write a page with thumbnails and players.", commands=(SEARCH,), panel=OUTPUT, metavar="FILE"
     )
     exact: bool = option(

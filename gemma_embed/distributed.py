@@ -24,10 +24,10 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from gemma_embed import store
 from gemma_embed.errors import UsageError
+from gemma_embed.locations import Location
 from gemma_embed.store.lock import MERGE, output_lock
 
 # When a run holds the final output's lock while a slice is done: the slice's work is saved either way.
@@ -45,7 +45,7 @@ class Slice:
     def is_split(self) -> bool:
         return self.count > 1
 
-    def output(self, output: Path) -> Path:
+    def output(self, output: Location) -> Location:
         """This slice's own output file."""
         return store.slice_path(output, self.index, self.count)
 
@@ -62,7 +62,7 @@ def current_slice(num_slices: int | None = None, slice_index: int | None = None)
     return Slice(0, 1)
 
 
-def writer_lock(output: Path, num_slices: int | None = None, slice_index: int | None = None):
+def writer_lock(output: Location, num_slices: int | None = None, slice_index: int | None = None):
     """The lock of the file this process writes: `output`, or its slice's own output when the input is split."""
     return output_lock(current_slice(num_slices, slice_index).output(output))
 
@@ -72,31 +72,33 @@ def take(sources: Iterable, part: Slice) -> Iterator:
     return (source for source in sources if source.position % part.count == part.index)
 
 
-def begin_slice(output: Path, part: Slice) -> None:
+def begin_slice(output: Location, part: Slice) -> None:
     """Fail at once if a run (not split) is writing the final output; then forget this slice's manifest from an
     earlier run, so nobody takes the slice for done while it works."""
     with output_lock(output, MERGE, "wait for it to finish or choose another --output"):
         pass
-    store.manifest_path(part.output(output)).unlink(missing_ok=True)
+    store.manifest_path(part.output(output)).rm_file(missing_ok=True)
 
 
-def _join(output: Path, count: int) -> Path | None:
+def _join(output: Location, count: int) -> Location | None:
     with output_lock(output, MERGE, JOIN_LATER):
         return store.merge_slices(output, count)
 
 
-def slices_done(output: Path, count: int) -> bool:
+def slices_done(output: Location, count: int) -> bool:
     return all(store.manifest_path(store.slice_path(output, i, count)).exists() for i in range(count))
 
 
-def wait_for_slices(output: Path, count: int, poll_s: float = 0.2, max_poll_s: float = 5.0) -> None:
+def wait_for_slices(output: Location, count: int, poll_s: float = 0.2, max_poll_s: float = 5.0) -> None:
     """Until every slice has written its manifest; no timeout (see the module note)."""
     while not slices_done(output, count):
         time.sleep(poll_s)
         poll_s = min(max_poll_s, poll_s * 1.5)
 
 
-def finish_slice(output: Path, part: Slice, positions: dict[str, int], note: Callable[[str], None]) -> Path | None:
+def finish_slice(
+    output: Location, part: Slice, positions: dict[str, int], note: Callable[[str], None]
+) -> Location | None:
     """Record this slice's input positions; the last slice to finish writes the index. Under torchrun every rank
     waits for the others and then writes the (same) index, so it exists before any rank exits. Returns the index
     if this process wrote it."""

@@ -16,13 +16,13 @@ import dataclasses
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from gemma_embed.config import MEDIA_MODALITIES, Modality, Pool, RunConfig, Space, python_spelling, stage_options
 from gemma_embed.cpu_threads import CpuThreads
 from gemma_embed.decoding import WINDOW_ITEMS, Prepared, prepared_stream
 from gemma_embed.errors import ItemError, UsageError
+from gemma_embed.locations import location
 from gemma_embed.modalities import ModalityStages
 from gemma_embed.sources.base import Source
 
@@ -498,10 +498,10 @@ class Embedder:
             return Modality.audio
         if isinstance(value, str) and Modality.text in supported:
             return Modality.text
-        if isinstance(value, (str, Path)):
+        if isinstance(value, (str, os.PathLike)):
             from gemma_embed.sources.files import extensions
 
-            suffix = Path(value).suffix.lower()
+            suffix = location(value).suffix.lower()
             for kind in (Modality.images, Modality.video, Modality.audio):
                 if kind in supported and suffix in extensions(kind):
                     return kind
@@ -542,8 +542,10 @@ def _is_audio(value: Any) -> bool:
 def _source(key: str, value: Any, modality: Modality, position: int) -> Source:
     """An in-memory input as a Source: a file by its path, bytes and text by their bytes, other values as they
     are (the modality's decoder takes them)."""
-    if isinstance(value, Path) or (isinstance(value, str) and modality in MEDIA_MODALITIES):
-        return Source(key, str(value), position=position)
+    if isinstance(value, os.PathLike):  # a Path (or any location): a file, named as the seam names it
+        return Source(key, str(location(value)), position=position)
+    if isinstance(value, str) and modality in MEDIA_MODALITIES:
+        return Source(key, value, position=position)
     if isinstance(value, str):  # text: as the command line reads a line
         return Source(key, key, position=position, data=value.encode("utf-8"))
     if isinstance(value, (bytes, bytearray)):

@@ -29,11 +29,11 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 
 from gemma_embed.errors import UsageError
+from gemma_embed.locations import Location, filesystem_for, location
 
 BLOCK_ITEMS = 4096  # items per parquet row group; rows flushed to the .npy memory map per block
 
@@ -85,7 +85,7 @@ def unescape_name(line: str) -> str:
 
 def read_keys(path: str | os.PathLike) -> list[str]:
     """The keys of an `OUT.keys.txt` written by `export --to npy`, exactly as the output holds them."""
-    text = Path(path).read_text(encoding="utf-8")
+    text = location(path).read_text(encoding="utf-8")
     return [unescape_name(line) for line in text.split("\n")[:-1]]
 
 
@@ -100,11 +100,11 @@ def _is_utf8(text: str) -> bool:
 # ----------------------------------------------------------------------------------------------- export
 
 
-def default_destination(path: Path, to: str) -> Path:
+def default_destination(path: str | os.PathLike, to: str) -> Location:
     """OUT.safetensors (or OUT.index.json) -> OUT.parquet / OUT.npy beside it."""
-    path = Path(path)
-    stem = path.name.removesuffix(".safetensors").removesuffix(".index.json")
-    return path.with_name(f"{stem}.{to}")
+    where = location(path)
+    stem = where.name.removesuffix(".safetensors").removesuffix(".index.json")
+    return where.with_name(f"{stem}.{to}")
 
 
 def _numpy_rows(rows) -> np.ndarray:
@@ -136,17 +136,17 @@ def _column_type(values: list):
         return None
 
 
-def _items(path: Path) -> Iterator[tuple[str, np.ndarray, dict]]:
+def _items(path: Location) -> Iterator[tuple[str, np.ndarray, dict]]:
     from gemma_embed.store import iter_items
 
     for key, rows, item in iter_items(path):
         yield key, _numpy_rows(rows), item
 
 
-def _checked_destination(path: Path, to: str, destination: Path | None, overwrite: bool) -> Path:
+def _checked_destination(path: Location, to: str, destination: str | os.PathLike | None, overwrite: bool) -> Location:
     from gemma_embed.store import check_output_folder
 
-    destination = Path(destination) if destination else default_destination(path, to)
+    destination = location(destination) if destination else default_destination(path, to)
     check_output_folder(destination)  # the line every command gives, before any work
     if destination.exists() and not overwrite:
         raise UsageError(f"{destination}: exists; pass --overwrite to replace it")
@@ -159,7 +159,8 @@ def export(
     """Write `path` as parquet or npy; returns what was written (files, items, rows, dim)."""
     from gemma_embed.store import read_metadata
 
-    path = Path(path)
+    path = location(path)
+    filesystem_for(path)  # a protocol the tool cannot read is refused naming the output, not the file beside it
     destination = _checked_destination(path, str(to), destination, overwrite)
     meta = read_metadata(path)  # keys and items only; no rows are read
     counts = [int(item["rows"]) for item in meta["items"]]
@@ -171,11 +172,9 @@ def export(
 # ------------------------------------------------------------------------------------------------ parquet
 
 
-def _to_parquet(path: Path, meta: dict, counts: list[int], destination: Path) -> dict:
+def _to_parquet(path: Location, meta: dict, counts: list[int], destination: Location) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from gemma_embed.store import atomic_path
 
     flat = [flatten(item) for item in meta["items"]]
     names = sorted({name for item in flat for name in item} - {"key"})
@@ -190,7 +189,7 @@ def _to_parquet(path: Path, meta: dict, counts: list[int], destination: Path) ->
     writer = None
     written = rows_total = 0
     dim = 0
-    with atomic_path(destination) as tmp:
+    with destination.temp_path() as tmp:
         block: list[tuple[str, np.ndarray, dict]] = []
 
         def text_column(name: str, values: list) -> dict:
@@ -221,7 +220,7 @@ def _to_parquet(path: Path, meta: dict, counts: list[int], destination: Path) ->
             columns["embedding"] = values
             table = pa.table(columns)
             if writer is None:
-                writer = pq.ParquetWriter(str(tmp), table.schema)
+                writer = pq.ParquetWriter(tmp, table.schema)
             writer.write_table(table)
             written += len(block)
             block.clear()
@@ -234,7 +233,7 @@ def _to_parquet(path: Path, meta: dict, counts: list[int], destination: Path) ->
                 flush()
         flush()
         if writer is None:  # no item: an empty table with the key column
-            pq.write_table(pa.table({"key": pa.array([], type=pa.string())}), str(tmp))
+            pq.write_table(pa.table({"key": pa.array([], type=pa.string())}), tmp)
         else:
             writer.close()
     return {"files": [str(destination)], "items": written, "rows": rows_total, "dim": dim}
@@ -258,8 +257,8 @@ def _original_bytes(value) -> bytes | None:
 # ------------------------------------------------------------------------------------------------ npy
 
 
-def _to_npy(path: Path, meta: dict, counts: list[int], destination: Path, overwrite: bool) -> dict:
-    from gemma_embed.store import atomic_path, atomic_write_text
+def _to_npy(path: Location, meta: dict, counts: list[int], destination: Location, overwrite: bool) -> dict:
+    from gemma_embed.store import atomic_write_text
 
     keys_file = destination.with_suffix(".keys.txt")
     offsets_file = destination.with_suffix(".offsets.npy")
@@ -272,7 +271,7 @@ def _to_npy(path: Path, meta: dict, counts: list[int], destination: Path, overwr
     first = next(items, None)
     dim = int(first[1].shape[1]) if first else 0
     dtype = first[1].dtype if first else np.float32
-    with atomic_path(destination) as tmp:
+    with destination.temp_path() as tmp:
         array = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(total, dim))
         row = 0
         for n, (_, rows, _) in enumerate(_chain(first, items)):
@@ -285,7 +284,7 @@ def _to_npy(path: Path, meta: dict, counts: list[int], destination: Path, overwr
     atomic_write_text(keys_file, "".join(escape_name(key) + "\n" for key in meta["keys"]))  # read_keys reads it
     files = [str(destination), str(keys_file)]
     if not one_row:
-        with atomic_path(offsets_file) as tmp, open(tmp, "wb") as fh:  # a file object: np.save adds no suffix
+        with offsets_file.atomic_write() as fh:  # a file object: np.save adds no suffix
             np.save(fh, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), allow_pickle=False)
         files.append(str(offsets_file))
     return {"files": files, "items": len(counts), "rows": total, "dim": dim}

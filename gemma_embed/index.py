@@ -33,12 +33,12 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from gemma_embed import store
 from gemma_embed.errors import UsageError
+from gemma_embed.locations import Location, filesystem_for, location
 from gemma_embed.store import row_table
 
 KINDS = ("auto", "flat", "ivf", "hnsw")
@@ -53,7 +53,7 @@ ADD_BLOCK_ROWS = 65_536
 EXTRA = "pip install 'gemma-embed[search]'"
 
 
-def faiss_path(output: str | os.PathLike) -> Path:
+def faiss_path(output: str | os.PathLike) -> Location:
     stem = row_table.output_stem(output)
     return stem.with_name(stem.name + ".faiss")
 
@@ -97,7 +97,7 @@ def open_index(output: str | os.PathLike, exact: bool = False) -> Opened | None:
     """The output's index when it has one that is current; None when it has none. An index for another output, or
     made before the output last changed, is refused in one line (with `exact` it is only set aside: the exact
     search reads the output itself)."""
-    output = Path(output)
+    output = location(output)
     path = row_table.table_path(output)
     if not path.exists():
         return None
@@ -117,16 +117,16 @@ def open_index(output: str | os.PathLike, exact: bool = False) -> Opened | None:
         return Opened(table, record, None)
     faiss = _faiss(f"{path}: searching an {record['kind']} index", ", or search with --exact")
     recorded, index_file = record.get("faiss") or {}, faiss_path(output)
-    stat = index_file.stat() if index_file.exists() else None
-    if stat is None or (stat.st_size, stat.st_mtime_ns) != (recorded.get("size"), recorded.get("mtime_ns")):
+    info = index_file.info() if index_file.exists() else None
+    if info is None or (info["size"], info["mtime_ns"]) != (recorded.get("size"), recorded.get("mtime_ns")):
         raise UsageError(
             f"{index_file}: missing or not the file {path.name} was built with (an interrupted build?); "
             f"run gemma-embed index {output} again, or search with --exact"
         )
-    return Opened(table, record, _Searcher(faiss.read_index(str(index_file)), record))
+    return Opened(table, record, _Searcher(faiss.read_index(index_file.local_path()), record))
 
 
-def _mismatch(record: dict, output: Path) -> str | None:
+def _mismatch(record: dict, output: Location) -> str | None:
     recorded = record.get("output") or []
     try:
         now = [e["name"] for e in row_table.fingerprint(output)]
@@ -146,11 +146,11 @@ def output_header(output: str | os.PathLike) -> dict:
     if path.exists():
         try:
             record = row_table.read_record(path)
-            if _mismatch(record, Path(output)) is None:
+            if _mismatch(record, location(output)) is None:
                 return record["header"]
         except (ValueError, KeyError):
             pass
-    files = store.output_files(Path(output))
+    files = store.output_files(output)
     if not files:
         raise FileNotFoundError(f"{output}: no such output (neither the file nor its .index.json)")
     return store.read_header(files[0])
@@ -162,7 +162,8 @@ def output_header(output: str | os.PathLike) -> dict:
 def build_index(output: str | os.PathLike, kind: str = "auto", metric: str = "cosine", reporter=None) -> dict:
     """Build the output's index (see the module's docstring) and return its record. `reporter` (progress.Reporter)
     gets the build's steps as notes."""
-    output = Path(output)
+    output = location(output)
+    filesystem_for(output)  # a protocol the tool cannot read is refused naming the output, not the file beside it
     if kind not in KINDS:
         raise UsageError(f"--kind {kind}: choose one of {', '.join(KINDS)}")
     if metric not in METRICS:
@@ -201,16 +202,16 @@ def build_index(output: str | os.PathLike, kind: str = "auto", metric: str = "co
             built = None
     index_file = faiss_path(output)
     if built is not None:
-        with store.atomic_path(index_file) as tmp:
-            faiss.write_index(built, str(tmp))
-        stat = index_file.stat()
-        record["faiss"] = {"name": index_file.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        with index_file.temp_path() as tmp:
+            faiss.write_index(built, tmp)
+        info = index_file.info()
+        record["faiss"] = {"name": index_file.name, "size": info["size"], "mtime_ns": info["mtime_ns"]}
     record["output"] = fingerprint
     record["seconds"] = round(time.monotonic() - started, 3)
     path = row_table.table_path(output)
     record = row_table.write_table(path, record, table, lines)
     if built is None:
-        index_file.unlink(missing_ok=True)  # an earlier build's, which the new record does not name
+        index_file.rm_file(missing_ok=True)  # an earlier build's, which the new record does not name
     wrote = f"{path} and {index_file}" if built is not None else str(path)
     say.note(f"wrote {wrote} in {record['seconds']:.1f} s")
     return record

@@ -33,7 +33,6 @@ import hashlib
 import json
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 from gemma_embed.config import RAY_DEFAULT, Modality, Pool, RunConfig, Space
@@ -41,6 +40,7 @@ from gemma_embed.decoding import WINDOW_ITEMS, Prepared, decode_and_prepare
 from gemma_embed.embedder import CommandEngines, Embedder, Sink
 from gemma_embed.errors import DeviceError, GemmaEmbedError, ItemError, UsageError
 from gemma_embed.interrupts import Interrupted
+from gemma_embed.locations import Location, location
 from gemma_embed.models.base import PreparedItem
 from gemma_embed.runners import Planned, RunInfo, planned
 from gemma_embed.sources.base import Source
@@ -411,7 +411,7 @@ class RayRunner:
         self.config = config
         self.reporter = reporter
         self.should_stop = should_stop
-        self.output = Path(config.output)
+        self.output = location(config.output)
         self.label = str(config.modality)
         self.actors = 1
         self.num_gpus = 0
@@ -510,7 +510,7 @@ class RayRunner:
                 raise cause from None
             raise ClusterError(f"the Ray job failed: {' '.join(str(exc).split())[:500]}") from exc
 
-    def finish(self, positions: dict[str, int], note: Callable[[str], None]) -> Path | None:
+    def finish(self, positions: dict[str, int], note: Callable[[str], None]) -> Location | None:
         return None
 
     def info(self) -> RunInfo:

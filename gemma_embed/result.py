@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from gemma_embed.errors import ItemError
+from gemma_embed.locations import Location
 
 
 @dataclass
@@ -23,7 +23,7 @@ class RunResult:
     skipped: int = 0  # files in walked folders whose extension the walk does not take (never silent)
     with_warnings: int = 0  # items whose record carries library warnings (capture.py)
     failures: list[dict] = field(default_factory=list)  # one record per failed item (key, stage, error, message)
-    output: Path | None = None  # the file written (or the index of shards); None when interrupted
+    output: Location | None = None  # the file written (or the index of shards); None when interrupted
     items: int = 0  # items in this run's output
     interrupted: str | None = None  # the signal's name when the run was stopped by one
     signum: int | None = None

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gemma_embed import distributed
 from gemma_embed.config import RunConfig, Space
+from gemma_embed.locations import Location, location
 
 if TYPE_CHECKING:
     from gemma_embed.decoding import Lookup
@@ -61,7 +61,7 @@ class Runner(Protocol):
     order: `begin`, `load`, `take` and `embed`, then `finish` once the writer has closed, and `info` for the result.
     """
 
-    output: Path  # the file this process writes: the run's output, or a slice's own
+    output: Location  # the file this process writes: the run's output, or a slice's own
     label: str  # how progress names the run ("images", "images [1/4]")
 
     def begin(self) -> None:
@@ -82,7 +82,7 @@ class Runner(Protocol):
     def embed(self, sources: Iterable[Source], sink: Sink, lookup: Lookup | None, window_items: int | None) -> None:
         """Every source through decode, prepare and the stages; `sink` gets each item once, as it finishes."""
 
-    def finish(self, positions: dict[str, int], note: Callable[[str], None]) -> Path | None:
+    def finish(self, positions: dict[str, int], note: Callable[[str], None]) -> Location | None:
         """After the writer closed: what else the run writes (a slice's join); the file that now names the whole
         output when it is not the writer's own, else None."""
         ...
@@ -100,7 +100,7 @@ class LocalRunner:
         self.config = config
         self.reporter = reporter
         self.should_stop = should_stop
-        self.output = Path(config.output)
+        self.output = location(config.output)
         self.label = str(config.modality)
         self.embedder: Any = None
         self.engines: Any = None  # embedder.CommandEngines of the command, once loaded
@@ -131,7 +131,7 @@ class LocalRunner:
     def embed(self, sources: Iterable[Source], sink: Sink, lookup: Lookup | None, window_items: int | None) -> None:
         self.embedder.embed_stream(sources, self.config.modality, sink, lookup=lookup, window_items=window_items)
 
-    def finish(self, positions: dict[str, int], note: Callable[[str], None]) -> Path | None:
+    def finish(self, positions: dict[str, int], note: Callable[[str], None]) -> Location | None:
         return None
 
     def info(self) -> RunInfo:
@@ -189,7 +189,7 @@ class SliceRunner(LocalRunner):
     def share(self, total: int) -> int:
         return len(range(self.part.index, total, self.part.count))
 
-    def finish(self, positions: dict[str, int], note: Callable[[str], None]) -> Path | None:
+    def finish(self, positions: dict[str, int], note: Callable[[str], None]) -> Location | None:
         return distributed.finish_slice(self.config.output, self.part, positions, note)
 
     def info(self) -> RunInfo:

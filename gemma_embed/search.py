@@ -27,13 +27,13 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from gemma_embed import store
 from gemma_embed.errors import UsageError
+from gemma_embed.locations import filesystem_for, location
 
 # Index metadata a query must share: the same model and revision, the same vector space, the same width.
 QUERY_SETTINGS = ("model", "revision", "space", "dim")
@@ -67,10 +67,11 @@ class SearchHit:
 
 
 def _same_model(a: str, b: str) -> bool:
+    """Whether two --model values name one checkpoint: the same id, or folders that are one folder."""
     if a == b:
         return True
-    first, second = Path(a).expanduser(), Path(b).expanduser()
-    return first.is_dir() and second.is_dir() and first.resolve() == second.resolve()
+    first, second = location(a).expanduser(), location(b).expanduser()
+    return first.isdir() and second.isdir() and first.realpath() == second.realpath()
 
 
 def check_query_settings(index_header: dict, query_settings: dict, index_name: str = "index") -> None:
@@ -402,17 +403,17 @@ def collect_queries(
             text = (stdin or sys.stdin).read()
         else:
             try:
-                text = Path(queries_file).read_text(encoding="utf-8")
+                text = location(queries_file).read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 reason = getattr(exc, "strerror", None) or exc
                 raise UsageError(f"{queries_file}: cannot read the queries: {reason}") from None
         found += [Query(text=line) for line in text.splitlines() if line.strip()]
     for modality, paths in (media or {}).items():
-        for path in paths:
-            path = Path(path)
-            if path.is_dir():
+        for given in paths:
+            path = location(given)
+            if path.isdir():
                 wanted = extensions(modality)
-                files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in wanted)
+                files = [p for p in path.ls() if p.isfile() and p.suffix.lower() in wanted]  # sorted by name
                 if not files:
                     raise UsageError(f"{path}: no {modality} files in this folder")
                 found += [Query(file=str(p), modality=modality) for p in files]
@@ -462,6 +463,7 @@ def query_many(
     from gemma_embed.embedder import Embedder
     from gemma_embed.errors import ItemError
 
+    filesystem_for(location(index))  # a protocol the tool cannot read is refused naming the output itself
     header = ann.output_header(index)
     if model is not None:  # refuse another model before loading anything
         check_query_settings(
@@ -498,7 +500,7 @@ def query_many(
     for modality, positions in by_modality.items():
         same_kind = modality == header.get("modality") and modality != "text"
         options = {"max_soft_tokens": budget} if same_kind else {}
-        values = [queries[p].text if queries[p].text is not None else Path(queries[p].file) for p in positions]
+        values = [queries[p].text if queries[p].text is not None else location(queries[p].file) for p in positions]
         for position, vector in zip(positions, embedder.embed(values, modality=modality, **options), strict=True):
             vectors[position] = vector
         stages = embedder.stages(modality, **options)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
-from pathlib import Path
 
 # Header fields in the order people look for them; any others follow, sorted. Files written by older versions
 # (through safetensors' own writer) store their metadata in a different order each time: never show that order.
@@ -44,7 +44,7 @@ def shown_header(meta: dict) -> dict:
     return header
 
 
-def show(path: Path, limit: int = 20, as_json: bool = False) -> None:
+def show(path: str | os.PathLike, limit: int = 20, as_json: bool = False) -> None:
     """The header and the first `limit` items as tables; every cell is plain text (a name's control characters
     shown as escapes, never read as rich markup). `as_json`: the exact values as one JSON object."""
     from rich.console import Console

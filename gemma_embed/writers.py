@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from gemma_embed import store
 from gemma_embed.config import RunConfig, Space
+from gemma_embed.locations import Location, location
 
 if TYPE_CHECKING:
     import torch
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 class Writer(Protocol):
     """What the pipeline writes a run's items through. One writer per output, for the run's whole life."""
 
-    path: Path  # the output it writes
+    path: Location  # the output it writes
 
     def lookup(self) -> Lookup | None:
         """--resume: which saved key an item's content can take its rows from; None when nothing is reused."""
@@ -44,7 +44,7 @@ class Writer(Protocol):
         """The run stops early: keep what is done where a later --resume finds it; the number of items kept."""
         ...
 
-    def close(self) -> Path:
+    def close(self) -> Location:
         """Write the output; the path that names it (the file, or the index of its shards)."""
         ...
 
@@ -64,7 +64,7 @@ class Writer(Protocol):
         ...
 
 
-WriterFactory = Callable[[RunConfig, Path, "Planned", Callable[[str], None]], Writer]
+WriterFactory = Callable[[RunConfig, Location, "Planned", Callable[[str], None]], Writer]
 
 
 def header(config: RunConfig, planned: Planned) -> dict[str, str]:
@@ -89,8 +89,8 @@ class SafetensorsWriter:
     """The `gemma-embed/1` output (store/): items flushed to parts as they finish, --resume from parts and an
     existing output, shards, the errors file. Every write is guarded: a failure is one RunError line."""
 
-    def __init__(self, config: RunConfig, output: Path, planned: Planned, warn: Callable[[str], None]):
-        self.path = Path(output)
+    def __init__(self, config: RunConfig, output: Location, planned: Planned, warn: Callable[[str], None]):
+        self.path = location(output)
         self._writer = store.EmbeddingWriter(
             self.path,
             header(config, planned),
@@ -116,7 +116,7 @@ class SafetensorsWriter:
         store.guarded_write(self._writer.flush, self._writer.parts)
         return self._writer.saved_in_parts
 
-    def close(self) -> Path:
+    def close(self) -> Location:
         return store.guarded_write(self._writer.close, self.path)
 
     def write_errors(self, failures: list[dict]) -> None:

@@ -1,71 +1,34 @@
 """Decode stage: file -> decoded media, plus the facts about the file that go into the output metadata.
 
-Decoders take what `Source.content` gives them: a path (a whole file), or the item's own bytes (a tar member, a
-parquet cell, a dataset row). Bytes from a collection come as `MediaBytes`, which carries the name the item has
-there (a member's name, a cell's file name), so a decoder that routes by extension does so as for a file.
+Decoders take what `Source.content` gives them: a location string (a whole file), or the item's own bytes (a tar
+member, a parquet cell, a dataset row). Bytes from a collection come as `MediaBytes`, which carries the name the
+item has there (a member's name, a cell's file name), so a decoder that routes by extension does so as for a file.
+A location is opened through the seam (gemma_embed/locations): a local one is handed to Pillow, PyAV and soundfile
+by its name, as given (they read a real file faster than a Python file object), any other kind as the seam's
+seekable file (`as_file`). The regular-file refusal (`regular_file`, `NotRegularFile`) is the seam's.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
-import stat
 
-_HASH_BLOCK = 1 << 20
+from gemma_embed.locations import NotRegularFile, location, regular_file  # noqa: F401 - re-exported
+
 # Pillow's decompression-bomb limit (about 89 megapixels), for images and video frames alike.
 MAX_PIXELS = 89_478_485
 # av.open timeouts (open, read) in seconds: a stalled read (network mount) must not hang the run.
 OPEN_TIMEOUT_S = (30.0, 30.0)
 
 
-# What a file that is not a regular one is, by its stat mode, for messages.
-_KINDS = (
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-class NotRegularFile(ValueError):
-    """An input that is neither a regular file nor a folder: a FIFO, a device, a socket."""
-
-
-def regular_file(path: str | os.PathLike, what: str = "a media file") -> os.stat_result:
-    """The file's stat (through symbolic links), after refusing what must not be opened for reading: a folder
-    (IsADirectoryError, "is a directory, not `what`") and anything that is not a regular file (NotRegularFile,
-    naming its kind and, through a link, where the link leads). Only stat is called, never open: opening a FIFO
-    blocks until a writer comes, and /dev/zero or /dev/urandom never end. Every input the tool opens (media
-    files, tar shards, parquet files, a dataset folder's files, text files) passes here first."""
-    st = os.stat(path)
-    if stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(f"is a directory, not {what}")
-    if not stat.S_ISREG(st.st_mode):
-        kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a file")
-        if os.path.islink(path):
-            kind = f"a symbolic link to {os.path.realpath(path)}, {kind}"
-        raise NotRegularFile(f"not a regular file ({kind}); not opened")
-    return st
-
-
-def file_facts(path: str) -> dict:
-    """Size, modification time and SHA-256 of the content: how `--resume` tells a changed file."""
-    st = regular_file(path)
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(_HASH_BLOCK):
-            digest.update(block)
-    return {"bytes": st.st_size, "mtime": st.st_mtime, "sha256": digest.hexdigest()}
-
-
 def refuse_nothing_to_decode(content: str | bytes, what: str, error: type[Exception]) -> None:
     """The checks audio and video decoding make before opening anything: a folder, or no bytes at all, is a
     one-line `error` (`what`: "an audio file", "a video file")."""
     if isinstance(content, str):
-        if os.path.isdir(content):
+        where = location(content)
+        if where.isdir():
             raise error(f"is a directory, not {what}")
-        if os.path.getsize(content) == 0:
+        if where.size() == 0:
             raise error("empty file (0 bytes)")
     elif len(content) == 0:
         raise error("empty (0 bytes)")
@@ -102,10 +65,14 @@ class MediaBytes(bytes):
         return self
 
 
-def as_file(content: str | bytes) -> str | io.BytesIO:
-    """What a library's open() takes: the path itself, or a file object over the bytes (Pillow, PyAV and
-    soundfile read both). The file object bears the bytes' name: FFmpeg's probe weighs the name's extension, as it
-    does a path's (a headerless .raw member probes as FFmpeg probes a .raw file)."""
+def as_file(content: str | bytes):
+    """What a library's open() takes (Pillow, PyAV and soundfile read both): a local location's path as given, a
+    file object over an item's bytes, or the seam's seekable file for any other kind of location. The file object
+    over bytes bears their name: FFmpeg's probe weighs the name's extension, as it does a path's (a headerless .raw
+    member probes as FFmpeg probes a .raw file)."""
+    if isinstance(content, str):
+        where = location(content)
+        return content if where.is_local else where.open("rb")
     if not isinstance(content, (bytes, bytearray)):
         return content
     file = io.BytesIO(content)

@@ -136,8 +136,9 @@ class MonoResampler:
 
 
 def _soundfile_source(content: str | bytes):
-    """What soundfile opens: the file name as bytes (names that are not UTF-8 open too), or a file object."""
-    return os.fsencode(content) if isinstance(content, str) else as_file(content)
+    """What soundfile opens: a local file's name as bytes (names that are not UTF-8 open too), or a file object."""
+    source = as_file(content)
+    return os.fsencode(source) if isinstance(source, str) else source
 
 
 def _soundfile_info(content: str | bytes):

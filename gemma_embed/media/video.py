@@ -18,7 +18,6 @@ Every failure raises VideoDecodeError with a one-line reason; a wall-clock limit
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from bisect import bisect_right
@@ -29,6 +28,7 @@ from fractions import Fraction
 import numpy as np
 
 from gemma_embed import hostmem, memory
+from gemma_embed.locations import location
 from gemma_embed.media import MAX_PIXELS, OPEN_TIMEOUT_S, as_file, ffmpeg_extensions, refuse_nothing_to_decode
 
 # Seconds one file may spend in probing + decoding before it is given up (pathological or huge files).
@@ -433,7 +433,7 @@ def _decode_wanted(content: str | bytes, table: FrameTable, wanted: list[int], d
 def decode_frame(content: str | bytes, index: int, time_limit_s: float = DECODE_TIME_LIMIT_S) -> np.ndarray:
     """One frame, upright, by its presentation-order index (as DecodedVideo.frame_indices lists them): what a
     search result page shows for a video hit."""
-    if isinstance(content, str) and (os.path.isdir(content) or not os.path.isfile(content)):
+    if isinstance(content, str) and not location(content).isfile():  # a folder, or nothing there
         raise VideoDecodeError("not a file")
     deadline = _Deadline(time_limit_s)
     with _open(content) as container:

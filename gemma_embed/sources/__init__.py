@@ -20,12 +20,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
-from pathlib import Path
 from typing import IO
 
 from gemma_embed.config import Modality
 from gemma_embed.errors import MissingFile, UsageError
 from gemma_embed.interrupts import responsive
+from gemma_embed.locations import location
 from gemma_embed.sources import table
 from gemma_embed.sources.base import Collection, SkippedMember, Source
 from gemma_embed.sources.expand import Collections
@@ -109,7 +109,7 @@ def count_sources(
     try:
         total = sum(1 for _ in _items(inputs, modality, None, False, ext, None, collection, read=False))
         if collection.dataset:
-            if not Path(collection.dataset).expanduser().exists():
+            if not location(collection.dataset).expanduser().exists():
                 return None  # a hub dataset: counting it would ask the network again
             opened = table.open_dataset(collection)
             if opened.num_rows is None:
@@ -121,13 +121,13 @@ def count_sources(
 
 
 def check_given_paths(inputs: Iterable[str]) -> None:
-    """A path named on the command line that does not exist is a usage error, before anything loads (paths read
-    from stdin are data: each missing one is a failed item)."""
+    """A path named on the command line that does not exist, or on a protocol the tool cannot open, is a usage error,
+    before anything loads (paths read from stdin are data: each missing one is a failed item)."""
     for given in inputs:
         if given == "-" or is_brace_pattern(given):
             continue
-        path = Path(given)
-        if path.is_symlink() and not path.exists():
+        path = location(given)
+        if path.islink() and not path.exists():
             raise MissingFile(f"{given}: dangling symbolic link (its target does not exist)")
         if not path.exists():
             raise MissingFile(f"{given}: no such file or directory")

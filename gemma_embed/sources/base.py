@@ -16,7 +16,7 @@ from gemma_embed.config import (  # noqa: F401 - re-exported
     default_item_bytes,
     parse_item_bytes,
 )
-from gemma_embed.media import file_facts
+from gemma_embed.locations import location
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Source:
         if self.value is not None:
             return {"path": self.path}  # nothing to resume from: it exists in the caller's memory only
         if self.data is None:
-            return {"path": self.path, **file_facts(self.path)}
+            return {"path": self.path, **location(self.path).facts()}
         return {"path": self.path, "bytes": len(self.data), "sha256": hashlib.sha256(self.data).hexdigest()}
 
 

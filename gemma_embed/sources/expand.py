@@ -12,21 +12,21 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from gemma_embed.locations import Location, location
 from gemma_embed.sources import table, tar
 from gemma_embed.sources.base import MEDIA_MODALITIES, Collection, Source
 from gemma_embed.sources.files import Found, expand_braces, is_brace_pattern
 
 
-def _given_files(inputs: Iterable[str]) -> Iterator[Path]:
+def _given_files(inputs: Iterable[str]) -> Iterator[Location]:
     """The files named on the command line (not found by a walk or on stdin), brace patterns expanded."""
     for given in inputs:
         if given == "-":
             continue
         for name in expand_braces(given) if is_brace_pattern(given) else (given,):
-            path = Path(name)
-            if path.is_file():
+            path = location(name)
+            if path.isfile():
                 yield path
 
 
@@ -72,7 +72,7 @@ class Collections:
         shards = tar.SUFFIXES if self.media else ()
         return frozenset(shards + (table.SUFFIXES if self.collection.column else ()))
 
-    def is_collection(self, path: Path) -> bool:
+    def is_collection(self, path: Location) -> bool:
         """Whether this found file gives items of its own (members, rows) rather than being one. For text a
         JSON-lines file without --column is lines of text, as any text file."""
         if self.media and tar.is_shard(path):

@@ -1,4 +1,5 @@
-"""Files: paths as given, folders walked, lists of paths on stdin, and brace patterns of shard names."""
+"""Files: paths as given, folders walked, lists of paths on stdin, and brace patterns of shard names. Every path is
+a location of the seam (gemma_embed/locations): listed, walked and stat'ed there."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO
 
 from gemma_embed.config import parse_extensions  # noqa: F401 - re-exported: sources.parse_extensions
+from gemma_embed.locations import Location, UnsupportedLocation, location
 
 # What a folder walk takes for the text command (files named explicitly are taken whatever their extension).
 TEXT_EXTENSIONS = frozenset({".txt", ".text", ".md"})
@@ -119,7 +120,7 @@ def expand_braces(pattern: str) -> Iterator[str]:
 
 
 def is_brace_pattern(given: str) -> bool:
-    return _GROUP.search(given) is not None and not os.path.lexists(given)
+    return _GROUP.search(given) is not None and not location(given).lexists()
 
 
 # ------------------------------------------------------------------------------------------ finding files
@@ -130,22 +131,20 @@ class Found:
     """A file the input names (or a path that cannot be one, with the reason), keyed as the output will key it."""
 
     key: str
-    path: Path
+    path: Location
     error: str | None = None
 
 
-def _double_suffix(name: str) -> str:
-    """`.jsonl.gz` of `a.jsonl.gz` (compressed files are known by their last two suffixes)."""
-    return "".join(Path(name).suffixes[-2:]).lower()
-
-
-def _walk(folder: Path, extensions: Iterable[str], skipped: Counter | None) -> Iterator[Path]:
-    for root, dirs, files in os.walk(folder, followlinks=False):
+def _walk(folder: Location, extensions: Iterable[str], skipped: Counter | None) -> Iterator[Location]:
+    """The folder's files in sorted order, links to folders not followed; .jpg, and .jsonl.gz by its last two
+    suffixes (compressed files are known by them)."""
+    for root, dirs, files in folder.walk():
         dirs.sort()
         for name in sorted(files):
-            suffix = Path(name).suffix.lower()
-            if suffix in extensions or _double_suffix(name) in extensions:  # .jpg, and .jsonl.gz
-                yield Path(root) / name
+            file = root / name
+            suffix = file.suffix.lower()
+            if suffix in extensions or "".join(file.suffixes[-2:]).lower() in extensions:
+                yield file
             elif skipped is not None:
                 skipped[suffix or "(none)"] += 1
 
@@ -163,7 +162,8 @@ def find_files(
     folder as given when that name is already taken). Brace patterns (`shards/{00000..00099}.tar`, when no file
     has that literal name) stand for each name they expand to, as given. Files named explicitly are taken whatever
     their extension. Files a walk passes over are counted in `skipped` by extension. A path that cannot be an
-    item (missing, dangling link) comes with an error, so the run reports it and goes on.
+    item (missing, dangling link, a protocol the tool cannot open) comes with an error, so the run reports it and
+    goes on.
     """
     seen_paths: set[str] = set()
     seen_keys: set[str] = set()
@@ -177,8 +177,8 @@ def find_files(
             else:
                 yield given
 
-    def emit(key: str, path: Path, error: str | None = None) -> Iterator[Found]:
-        ident = os.path.realpath(path) if error is None else str(path)
+    def emit(key: str, path: Location, error: str | None = None) -> Iterator[Found]:
+        ident = str(path.realpath()) if error is None else str(path)
         if ident in seen_paths:
             return
         seen_paths.add(ident)
@@ -186,15 +186,20 @@ def find_files(
         yield Found(key, path, error)
 
     for given in expanded():
-        path = Path(given)
-        if path.is_dir():
+        path = location(given)
+        try:
+            is_dir = path.isdir()
+        except UnsupportedLocation as exc:  # a path list's entry: data, so a failed item (arguments are checked)
+            yield from emit(given, path, exc.reason)
+            continue
+        if is_dir:
             for file in _walk(path, walked, skipped):
                 rel = file.relative_to(path).as_posix()
-                key = rel if rel not in seen_keys else (path / rel).as_posix()
+                key = rel if rel not in seen_keys else str(path / rel)
                 yield from emit(key, file)
         elif path.exists():
             yield from emit(given, path)
-        elif path.is_symlink():
+        elif path.islink():
             yield from emit(given, path, "dangling symbolic link (its target does not exist)")
         else:
             yield from emit(given, path, "no such file or directory")

@@ -40,14 +40,13 @@ import decimal
 import gzip
 import json
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
 
 from gemma_embed.config import RESERVED, Collection, parse_columns  # noqa: F401 - parse_columns re-exported
 from gemma_embed.errors import UsageError
-from gemma_embed.media import MediaBytes, NotRegularFile, regular_file
+from gemma_embed.locations import Location, NotRegularFile, UnsupportedLocation, location
+from gemma_embed.media import MediaBytes
 from gemma_embed.sources.base import Source, item_too_large
 
 PARQUET_SUFFIXES = (".parquet",)
@@ -56,11 +55,11 @@ SUFFIXES = PARQUET_SUFFIXES + JSONL_SUFFIXES
 BATCH_ROWS = 16  # rows converted at a time: a batch of 16 large images is tens of MB at most
 
 
-def is_table(path: Path) -> bool:
+def is_table(path: Location) -> bool:
     return path.name.lower().endswith(SUFFIXES)
 
 
-def is_json_lines(path: Path) -> bool:
+def is_json_lines(path: Location) -> bool:
     return path.name.lower().endswith(JSONL_SUFFIXES)
 
 
@@ -158,7 +157,7 @@ class _Rows:
     keys: Keys
     where: str  # Source.path of a row carrying bytes: the parquet file, or the dataset
     key_prefix: str  # FILE or DATASET:SPLIT
-    folder: Path | None  # relative paths in a path column are taken from here
+    folder: Location | None  # relative paths in a path column are taken from here
 
     def row_key(self, row: int) -> str:
         return f"{self.key_prefix}:{row}"
@@ -221,23 +220,28 @@ class _Rows:
                 return Source(key, self.where, error=f"row {row}: {item_too_large(data.size, limit, 'its cell')}")
             if name:
                 meta["name"] = name
-            return Source(key, self.where, data=MediaBytes(data, PurePosixPath(name or "").name), meta=meta)
+            return Source(key, self.where, data=MediaBytes(data, location(name or "").name), meta=meta)
         if not name:
             return Source(key, self.where, error=f"row {row} has no media (column {self.collection.column!r} is empty)")
-        path = Path(name).expanduser()
+        path = location(name).expanduser()
         if not path.is_absolute() and self.folder is not None:
-            path = self.folder / path
-        if not self.collection.allow_outside_paths and not self.inside(path):
-            folder = self.folder.resolve() if self.folder is not None else "the table's folder (a hub dataset has none)"
-            return Source(
-                key,
-                self.where,
-                error=f"row {row} names {name!r}, outside {folder}: not opened (--allow-outside-paths opens paths "
-                f"outside the table's folder)",
-            )
-        if not path.is_file():
-            why = "not a file" if path.exists() else "no such file or directory"
-            return Source(key, str(path), error=f"row {row} names {path}: {why}")
+            path = self.folder / path.path
+        try:
+            if not self.collection.allow_outside_paths and not self.inside(path):
+                folder = (
+                    self.folder.realpath() if self.folder is not None else "the table's folder (a hub dataset has none)"
+                )
+                return Source(
+                    key,
+                    self.where,
+                    error=f"row {row} names {name!r}, outside {folder}: not opened (--allow-outside-paths opens "
+                    f"paths outside the table's folder)",
+                )
+            if not path.isfile():
+                why = "not a file" if path.exists() else "no such file or directory"
+                return Source(key, str(path), error=f"row {row} names {path}: {why}")
+        except UnsupportedLocation as exc:
+            return Source(key, self.where, error=f"row {row} names {name!r}: {exc.reason}")
         return Source(key, str(path), meta=meta)
 
     def text_item(self, key: str, row: int, meta: dict, data) -> Source:
@@ -255,24 +259,24 @@ class _Rows:
             return Source(key, self.where, error=f"row {row} has no text (column {column!r} is blank)")
         return Source(key, self.where, data=text, meta=meta)
 
-    def inside(self, path: Path) -> bool:
+    def inside(self, path: Location) -> bool:
         """Whether a path cell's file lies under the table's folder, links resolved (a path that does not exist
         resolves as far as it does, then by its text), so the answer does not depend on whether it exists."""
         if self.folder is None:
             return False
-        return path.resolve().is_relative_to(self.folder.resolve())
+        return path.realpath().is_relative_to(self.folder.realpath())
 
 
 # ------------------------------------------------------------------------------------------ parquet
 
 
-def _open_parquet(path: Path):
+def _open_parquet(path: Location):
     import pyarrow.parquet as pq
 
-    return pq.ParquetFile(path)
+    return pq.ParquetFile(path.local_path())
 
 
-def check_parquet(path: Path, collection: Collection) -> None:
+def check_parquet(path: Location, collection: Collection) -> None:
     """UsageError (naming the file) when the run's columns cannot be read from it: checked before a model is
     loaded, for files named on the command line."""
     try:
@@ -284,11 +288,11 @@ def check_parquet(path: Path, collection: Collection) -> None:
         raise UsageError(f"{path}: {problem}")
 
 
-def _not_a_regular_file(path: Path, what: str, file_key: str) -> Source | None:
+def _not_a_regular_file(path: Location, what: str, file_key: str) -> Source | None:
     """The table file's failure when it is no regular file (a FIFO, a device behind a link), else None; any other
     OS error is left to opening it, which says why."""
     try:
-        regular_file(path, what)
+        path.regular_file(what)
     except NotRegularFile as exc:
         return Source(file_key, str(path), error=str(exc))
     except OSError:
@@ -296,7 +300,7 @@ def _not_a_regular_file(path: Path, what: str, file_key: str) -> Source | None:
     return None
 
 
-def parquet_rows(path: Path, file_key: str, collection: Collection, keys: Keys) -> Iterator[Source]:
+def parquet_rows(path: Location, file_key: str, collection: Collection, keys: Keys) -> Iterator[Source]:
     """The items of one parquet file, in row order; a file or row group that cannot be read fails by key."""
     import pyarrow as pa
 
@@ -329,10 +333,10 @@ def parquet_rows(path: Path, file_key: str, collection: Collection, keys: Keys) 
         row = end
 
 
-def parquet_row_count(path: Path, collection: Collection) -> int:
+def parquet_row_count(path: Location, collection: Collection) -> int:
     """How many items the file gives (from its footer; 1, its failure, when the columns do not fit)."""
     try:
-        regular_file(path, "a parquet file")
+        path.regular_file("a parquet file")
         table = _open_parquet(path)
     except Exception:  # noqa: BLE001
         return 1
@@ -342,12 +346,18 @@ def parquet_row_count(path: Path, collection: Collection) -> int:
 # ------------------------------------------------------------------------------------------ JSON lines
 
 
-def _open_json_lines(path: Path):
+@contextlib.contextmanager
+def _open_json_lines(path: Location) -> Iterator:
     """The file's lines as bytes, decompressed as they stream for .jsonl.gz."""
-    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
+    with path.open_input() as raw:
+        if not path.name.lower().endswith(".gz"):
+            yield raw
+            return
+        with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
+            yield unzipped
 
 
-def _records(path: Path) -> Iterator[tuple[int, dict | str]]:
+def _records(path: Location) -> Iterator[tuple[int, dict | str]]:
     """(row, record) for every line that is not blank, or (row, why it is no record); rows count from 0."""
     with _open_json_lines(path) as fh:
         row = 0
@@ -363,7 +373,7 @@ def _records(path: Path) -> Iterator[tuple[int, dict | str]]:
             row += 1
 
 
-def check_json_lines(path: Path, collection: Collection) -> None:
+def check_json_lines(path: Location, collection: Collection) -> None:
     """UsageError (naming the file) when its first record lacks the run's columns: checked before a model is
     loaded, for files named on the command line (a later record without them fails by key)."""
     try:
@@ -376,7 +386,7 @@ def check_json_lines(path: Path, collection: Collection) -> None:
         raise UsageError(f"{path}: {problem}")
 
 
-def json_lines_rows(path: Path, file_key: str, collection: Collection, keys: Keys) -> Iterator[Source]:
+def json_lines_rows(path: Location, file_key: str, collection: Collection, keys: Keys) -> Iterator[Source]:
     """The items of one JSON-lines file, in order, one record read at a time; a record that is no JSON object, or
     whose --column field is missing or holds no string, fails by key; a file cut short fails the rest by its key."""
     refused = _not_a_regular_file(path, "a JSON-lines file", file_key)
@@ -406,16 +416,16 @@ def json_lines_rows(path: Path, file_key: str, collection: Collection, keys: Key
                 yield rows.text_item(key, row, meta, cell.encode("utf-8") if cell is not None else None)
             else:
                 yield rows.item(key, row, meta, None, cell)
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, NotRegularFile) as exc:  # NotRegularFile: swapped in after the check above
         yield Source(file_key, str(path), error=f"cannot read it to the end ({_one_line(exc)})")
 
 
-def json_lines_row_count(path: Path) -> int:
+def json_lines_row_count(path: Location) -> int:
     """How many items the file gives (its records: lines that are not blank)."""
     try:
         with _open_json_lines(path) as fh:
             return sum(1 for line in fh if line.strip())
-    except (OSError, EOFError):
+    except (OSError, EOFError, NotRegularFile):
         return 1
 
 
@@ -427,7 +437,7 @@ class OpenedDataset:
     dataset: object  # datasets.Dataset (saved or cached: memory-mapped) or IterableDataset (streamed)
     name: str
     split: str | None
-    folder: Path | None  # the dataset's folder when it is local
+    folder: Location | None  # the dataset's folder when it is local
 
     @property
     def key_prefix(self) -> str:
@@ -483,16 +493,16 @@ def open_dataset(collection: Collection) -> OpenedDataset:
     from gemma_embed.config import looks_like_path
 
     name = collection.dataset
-    local = Path(name).expanduser()
+    local = location(name).expanduser()
     with _quiet_datasets():
         if local.exists():
             _check_dataset_folder(local, name)
             try:
-                if (local / "dataset_dict.json").is_file() or (local / "state.json").is_file():
-                    loaded = datasets.load_from_disk(str(local))
+                if (local / "dataset_dict.json").isfile() or (local / "state.json").isfile():
+                    loaded = datasets.load_from_disk(local.local_path())
                 else:
                     with _offline(datasets):
-                        loaded = datasets.load_dataset(str(local), split=collection.split, streaming=True)
+                        loaded = datasets.load_dataset(local.local_path(), split=collection.split, streaming=True)
             except Exception as exc:  # noqa: BLE001 - datasets raises many types; one line says why
                 raise UsageError(f"--dataset {name}: cannot read this dataset ({_one_line(exc)})") from None
             folder = local
@@ -510,23 +520,23 @@ def open_dataset(collection: Collection) -> OpenedDataset:
     return opened
 
 
-def _check_dataset_folder(folder: Path, name: str) -> None:
+def _check_dataset_folder(folder: Location, name: str) -> None:
     """UsageError unless `folder` is a folder whose files are all regular ones: datasets opens the files it
     finds there, and a FIFO would block it, a device never end (checked by stat, nothing opened)."""
     try:
-        regular_file(folder)
+        folder.regular_file()
     except IsADirectoryError:
         pass
     except NotRegularFile as exc:
         raise UsageError(f"--dataset {name}: {exc}") from None
     else:
         raise UsageError(f"--dataset {name}: a file, not a dataset's folder (give the folder that holds it)")
-    for root, _, files in os.walk(folder):
+    for root, _, files in folder.walk():
         for file in files:
             try:
-                regular_file(os.path.join(root, file))
+                (root / file).regular_file()
             except NotRegularFile as exc:
-                raise UsageError(f"--dataset {name}: {os.path.join(root, file)}: {exc}") from None
+                raise UsageError(f"--dataset {name}: {root / file}: {exc}") from None
             except OSError:
                 pass  # a dangling link: datasets says so if it needs the file
 

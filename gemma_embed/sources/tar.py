@@ -45,9 +45,9 @@ import tarfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from gemma_embed.media import MediaBytes, NotRegularFile, regular_file
+from gemma_embed.locations import Location, NotRegularFile
+from gemma_embed.media import MediaBytes
 from gemma_embed.sources.base import SkippedMember, Source, item_too_large
 
 SUFFIXES = (".tar",)
@@ -58,7 +58,7 @@ SCAN_BYTES = 1 << 20  # read this much at a time when looking for the next valid
 _SAMPLE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext, one dot-less leading name
 
 
-def is_shard(path: Path) -> bool:
+def is_shard(path: Location) -> bool:
     return path.name.lower().endswith(SUFFIXES)
 
 
@@ -99,7 +99,7 @@ class _Sample:
 
 
 def members(
-    path: Path,
+    path: Location,
     shard_key: str,
     wanted: frozenset[str],
     skipped: Counter | None = None,
@@ -223,20 +223,23 @@ _KINDS = {
 
 
 def _read_shard(
-    path: Path, read: bool, wanted: frozenset[str] = frozenset(), max_bytes: int | None = None
+    path: Location, read: bool, wanted: frozenset[str] = frozenset(), max_bytes: int | None = None
 ) -> Iterator[_Member | _NotAFile | _Problem]:
     """Regular-file members in order (with their bytes when `read` and the member is an item or a sidecar),
     members that are no files, and a _Problem wherever the shard stops making sense; after a corrupt header,
     reading goes on at the next valid one."""
     try:
-        regular_file(path, "a tar shard")
+        path.regular_file("a tar shard")
     except NotRegularFile as exc:
         yield _Problem(str(exc))
         return
     except OSError:
         pass  # open says why, below
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below; a generator must own its file
+        fh = path.open_input()  # closed below; a generator must own its file
+    except NotRegularFile as exc:  # swapped in after the stat above
+        yield _Problem(str(exc))
+        return
     except OSError as exc:
         yield _Problem(f"cannot open the shard: {exc.strerror or exc}")
         return

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import IO
 
 from gemma_embed.interrupts import responsive
-from gemma_embed.media import NotRegularFile, regular_file
+from gemma_embed.locations import NotRegularFile, location
 from gemma_embed.sources.base import Collection, Source
 from gemma_embed.sources.expand import Collections
 from gemma_embed.sources.files import TEXT_EXTENSIONS, find_files, process_stdin, split_stream
@@ -66,8 +66,9 @@ def _text_sources(
 
     def lines(file: Source) -> Iterator[Source]:
         try:
-            regular_file(file.path, "a text file")
-            with open(file.path, "rb") as fh:
+            where = location(file.path)
+            where.regular_file("a text file")
+            with where.open_input() as fh:
                 for line_number, line in numbered_lines(fh):
                     yield Source(f"{file.key}:{line_number}", file.path, data=line, meta={"line": line_number})
         except NotRegularFile as exc:
@@ -108,7 +109,7 @@ def decode_text(content: str | bytes) -> str:
     if isinstance(content, bytes):
         data = content
     else:
-        with open(content, "rb") as fh:
+        with location(content).open_input() as fh:
             data = fh.read()
     try:
         text = data.decode("utf-8")

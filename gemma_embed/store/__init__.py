@@ -1,7 +1,8 @@
 """Every file layout of an output, written and read here and nowhere else (the `gemma-embed/1` format).
 
 - `tensors_file`: one embedding file (safetensors layout: `embeddings`, `offsets`, string metadata);
-- `atomic`: whole-file writes (a temporary file renamed into place) and the one-line error for a failed write;
+- `atomic`: whole-file writes of small files (through the seam, gemma_embed/locations) and the one-line error for a
+  failed write;
 - `damage`: `DamagedFile`, the one-line error for a file that is not what it should be, and the checks before a
   file of an output is opened;
 - `layout`: the names of parts, shards, slices, manifests, the index, the errors file and the lock;
@@ -35,7 +36,6 @@ _LAZY = {
     "DamagedFile": "damage",
     "guarded_write": "atomic",
     "atomic_write_text": "atomic",
-    "atomic_path": "atomic",
     "check_output_path": "writer",
     "check_resumable": "writer",
     **{

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import os
 import stat
-from pathlib import Path
 from typing import Any
 
 from gemma_embed import FORMAT
 from gemma_embed.errors import NotOurs
+from gemma_embed.locations import Location, location
 
 
 class DamagedFile(NotOurs, ValueError):
@@ -19,8 +19,8 @@ class DamagedFile(NotOurs, ValueError):
     A usage error of the kind `errors.NOT_OURS` (exit 2: the run cannot start on it) and a ValueError (what
     readers raised before)."""
 
-    def __init__(self, file: Path, reason: str, kind: str = f"{FORMAT} file", fix: str = ""):
-        self.file, self.reason, self.kind, self.fix = Path(file), " ".join(str(reason).split()), kind, fix
+    def __init__(self, file: str | os.PathLike | Location, reason: str, kind: str = f"{FORMAT} file", fix: str = ""):
+        self.file, self.reason, self.kind, self.fix = location(file), " ".join(str(reason).split()), kind, fix
         super().__init__(f"{file}: not a {kind} ({self.reason})" + (f"; {fix}" if fix else ""))
 
     def told(self, kind: str | None = None, fix: str = "") -> DamagedFile:
@@ -37,18 +37,19 @@ _NOT_REGULAR = {
 }
 
 
-def require_regular_file(file: Path, kind: str = f"{FORMAT} file", fix: str = "") -> None:
+def require_regular_file(file: str | os.PathLike | Location, kind: str = f"{FORMAT} file", fix: str = "") -> None:
     """Before opening a file of an output: a folder would fail oddly ("No such device") and a FIFO would block
     the open. A missing file is a FileNotFoundError naming it."""
-    mode = os.stat(file).st_mode
-    if not stat.S_ISREG(mode):
+    info = location(file).info()
+    if info["type"] != "file":
+        mode = info.get("mode", stat.S_IFDIR if info["type"] == "directory" else 0)
         raise DamagedFile(file, f"is {_NOT_REGULAR.get(stat.S_IFMT(mode), 'not a regular file')}", kind, fix)
 
 
-def read_json(file: Path, kind: str, fix: str = "") -> Any:
+def read_json(file: str | os.PathLike | Location, kind: str, fix: str = "") -> Any:
     """A small JSON file of an output (index, manifest), or a `DamagedFile` naming it."""
     require_regular_file(file, kind, fix)
     try:
-        return json.loads(Path(file).read_bytes())
+        return json.loads(location(file).read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DamagedFile(file, f"not valid JSON: {exc}", kind, fix) from None

@@ -8,71 +8,76 @@
 - `OUT.lock`: held by the one run writing the output (`lock.py`).
 
 Every file appears atomically (a temporary file in the same folder, flushed, fsynced, renamed) and, like any
-other tool's output, with the permissions the umask gives (0644 under umask 022).
+other tool's output, with the permissions the umask gives (0644 under umask 022). Names are derived with the seam's
+path arithmetic (gemma_embed/locations), which keeps a location's protocol: every function takes a location (a
+string, a path or a `Location`) and gives back `Location`s.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
-from pathlib import Path
+import posixpath
 
 from gemma_embed import FORMAT
 from gemma_embed.errors import UsageError
-from gemma_embed.store.atomic import atomic_file, atomic_path, atomic_write_text, guarded_write  # noqa: F401
+from gemma_embed.locations import Location, filesystem_for, location
+from gemma_embed.store.atomic import atomic_write_text, guarded_write  # noqa: F401
 from gemma_embed.store.damage import DamagedFile, read_json, require_regular_file  # noqa: F401
+
+Where = str | os.PathLike | Location
 
 PARTS_SUFFIX = ".parts"
 # safetensors refuses headers over 100 MB; shard well before an output's JSON metadata gets there.
 HEADER_CAP = 50_000_000
 
 
-def parts_folder(output: Path) -> Path:
+def parts_folder(output: Where) -> Location:
     """Where an unfinished run keeps its flushed parts: beside the output, named after it."""
-    output = Path(output)
+    output = location(output)
     return output.with_name(output.name + PARTS_SUFFIX)
 
 
-def errors_path(output: Path) -> Path:
-    output = Path(output)
+def errors_path(output: Where) -> Location:
+    output = location(output)
     return output.with_name(output.name.removesuffix(".safetensors") + ".errors.jsonl")
 
 
-def lock_path(output: Path) -> Path:
+def lock_path(output: Where) -> Location:
     """The advisory lock of the run writing `output` (`lock.py`)."""
-    output = Path(output)
+    output = location(output)
     return output.with_name(output.name.removesuffix(".safetensors") + ".lock")
 
 
-def index_path(output: Path) -> Path:
-    output = Path(output)
+def index_path(output: Where) -> Location:
+    output = location(output)
     return output.with_name(output.name.removesuffix(".safetensors") + ".index.json")
 
 
-def shard_path(output: Path, number: int) -> Path:
+def shard_path(output: Where, number: int) -> Location:
     """Output shard `number` of a sharded output."""
-    output = Path(output)
+    output = location(output)
     return output.with_name(f"{output.name.removesuffix('.safetensors')}-{number:05d}.safetensors")
 
 
-def slice_path(output: Path, index: int, count: int) -> Path:
+def slice_path(output: Where, index: int, count: int) -> Location:
     """Where slice `index` of `count` (a --num-slices task or a torchrun rank) writes its own output."""
-    output = Path(output)
+    output = location(output)
     if count <= 1:
         return output
     stem = output.name.removesuffix(".safetensors")
     return output.with_name(f"{stem}-rank{index:05d}-of-{count:05d}.safetensors")
 
 
-def manifest_path(slice_output: Path) -> Path:
+def manifest_path(slice_output: Where) -> Location:
     """A slice's manifest: its items' positions in the whole input, so the index can restore input order."""
+    slice_output = location(slice_output)
     return slice_output.with_name(slice_output.name.removesuffix(".safetensors") + ".positions.json")
 
 
-def output_files(output: Path) -> list[Path]:
+def output_files(output: Where) -> list[Location]:
     """The files an existing output consists of: itself, or the files its index lists; [] if none."""
-    output = Path(output)
+    output = location(output)
     if output.suffix == ".json":
         index = output
     elif output.exists():
@@ -84,7 +89,7 @@ def output_files(output: Path) -> list[Path]:
     return [index.parent / name for name in read_index(index)["shards"]]
 
 
-def read_index(index: Path) -> dict:
+def read_index(index: Location) -> dict:
     """An `OUT.index.json`, checked: `shards` a list of file names, `keys` (when present) key -> file number."""
     kind = f"{FORMAT} index"
     content = read_json(index, kind)
@@ -111,56 +116,62 @@ def plan_shards(header_sizes: list[int], shard_size: int | None, header_cap: int
     return ranges
 
 
-def output_folder(path: Path) -> Path:
-    """The folder an output goes in; a usage error when it does not exist."""
-    folder = Path(path).parent if str(Path(path).parent) else Path(".")
-    if not folder.is_dir():
+def output_folder(path: Where) -> Location:
+    """The folder an output goes in; a usage error when it does not exist (or is on a protocol the tool cannot
+    write: refused naming the output itself)."""
+    output = location(path)
+    filesystem_for(output)
+    folder = output.parent
+    if not folder.isdir():
         raise UsageError(f"{folder}: output folder does not exist")
     return folder
 
 
-def cannot_write_here(folder: Path, exc: OSError) -> UsageError:
+def cannot_write_here(folder: Location, exc: OSError) -> UsageError:
     return UsageError(f"{folder}: cannot write the output here: {exc.strerror or exc}")
 
 
-def check_output_folder(path: str | os.PathLike) -> Path:
+def check_output_folder(path: Where) -> Location:
     """Before any work, for every command that writes a file (an embedding output, `search --html`, `export`,
     `index`): the folder `path` goes in exists and takes a new file, else the one usage error every command
     gives (`nodir: output folder does not exist`). Returns the folder."""
-    path = Path(path)
+    path = location(path)
     folder = output_folder(path)
-    probe = folder / f".{path.name}.{secrets.token_hex(4)}.probe"
     try:
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        probe.unlink()
+        folder.probe_folder(path.name)
     except OSError as exc:
         raise cannot_write_here(folder, exc) from exc
     return folder
 
 
-def write_index(output: Path, files: list[Path], located: list[tuple[str, int]]) -> Path:
+def relative_name(file: Location, folder: Location) -> str:
+    """How a file of an output is named in a file beside it (an index, a search table): relative to its folder."""
+    return posixpath.relpath(file.path, folder.path)
+
+
+def write_index(output: Where, files: list[Location], located: list[tuple[str, int]]) -> Location:
     """`OUT.index.json`: the files that make up an output (paths relative to the index) and, in order, each key
     with the number of the file that holds it."""
     path = index_path(output)
     index = {
         "format": FORMAT,
-        "shards": [os.path.relpath(f, path.parent) for f in files],
+        "shards": [relative_name(f, path.parent) for f in files],
         "keys": dict(located),
     }
     atomic_write_text(path, json.dumps(index, ensure_ascii=True))
     return path
 
 
-def write_manifest(slice_output: Path, positions: dict[str, int]) -> None:
+def write_manifest(slice_output: Where, positions: dict[str, int]) -> None:
     atomic_write_text(manifest_path(slice_output), json.dumps(positions, ensure_ascii=True))
 
 
-def merge_slices(output: Path, count: int) -> Path | None:
+def merge_slices(output: Where, count: int) -> Location | None:
     """Write OUT.index.json over every slice's files, keys in input order; None while a slice is unfinished."""
     from gemma_embed.store.tensors_file import json_list, read_header
 
-    output = Path(output)
-    files: list[Path] = []
+    output = location(output)
+    files: list[Location] = []
     located: list[tuple[int, str, int]] = []  # (input position, key, file number)
     for index in range(count):
         out = slice_path(output, index, count)
@@ -183,18 +194,18 @@ def merge_slices(output: Path, count: int) -> Path | None:
 RESLICE = "run that slice again with --resume"
 
 
-def _read_manifest(manifest: Path) -> dict[str, int]:
+def _read_manifest(manifest: Location) -> dict[str, int]:
     positions = read_json(manifest, "positions manifest", RESLICE)
     if not isinstance(positions, dict) or not all(type(n) is int for n in positions.values()):
         raise DamagedFile(manifest, "not a map of key to input position", "positions manifest", RESLICE)
     return positions
 
 
-def write_errors(output: Path, failures: list[dict]) -> Path | None:
+def write_errors(output: Where, failures: list[dict]) -> Location | None:
     """`OUT.errors.jsonl`: one failure record per line (atomically); a stale one is removed when all went well."""
     path = errors_path(output)
     if not failures:
-        path.unlink(missing_ok=True)
+        path.rm_file(missing_ok=True)
         return None
     atomic_write_text(path, "".join(json.dumps(record, ensure_ascii=True) + "\n" for record in failures))
     return path

@@ -21,6 +21,8 @@ second run fails at once, naming that PID.
   moments) but never for a run.
 - flock is advisory (programs that do not take it are not stopped) and, on some network filesystems, local to
   one machine.
+- The lock file is opened by the seam (`Location.open_lock`: created when missing, never through a symbolic
+  link); this module keeps the protocol on its descriptor (flock, the holder's PID, the removal check).
 """
 
 from __future__ import annotations
@@ -31,28 +33,28 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 from gemma_embed.errors import OutputBusy
-from gemma_embed.store.layout import cannot_write_here, lock_path, output_folder
+from gemma_embed.locations import Location, location
+from gemma_embed.store.layout import Where, cannot_write_here, lock_path, output_folder
 
 RUN, MERGE = "run", "merge"
 POLL_S = 0.05  # how often a merge looks again while another merge holds the lock
 HOLDER_WRITE_WAIT_S = 0.5  # a new holder writes its PID right after its flock; wait that long to read it
 
-_holders: dict[Path, int] = {}  # lock path -> the thread holding it, for the locks this process holds
+_holders: dict[Location, int] = {}  # lock path -> the thread holding it, for the locks this process holds
 _holders_guard = threading.Lock()
 
 
 @contextlib.contextmanager
 def output_lock(
-    output: Path, role: str = RUN, busy_hint: str = "wait for it to finish or choose another --output"
+    output: Where, role: str = RUN, busy_hint: str = "wait for it to finish or choose another --output"
 ) -> Iterator[None]:
     """Hold `output`'s lock for the block; an `OutputBusy` (a UsageError) at once, naming the holder's PID, when
     another run (or thread) holds it. `role` MERGE waits for another merge instead of failing."""
-    output = Path(output)
+    output = location(output)
     path = lock_path(output)
-    key = Path(os.path.realpath(path.parent)) / path.name
+    key = output_folder(output).realpath() / path.name  # the usual line when the folder is missing
     me = threading.get_ident()
     with _holders_guard:
         holder = _holders.get(key)
@@ -72,16 +74,15 @@ def output_lock(
         _release(path, fd)
 
 
-def _acquire(path: Path, output: Path, role: str, busy_hint: str) -> int:
-    output_folder(output)  # the usual line when the folder is missing
+def _acquire(path: Location, output: Location, role: str, busy_hint: str) -> int:
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd = path.open_lock()
         except OSError as exc:
             raise cannot_write_here(path.parent, exc) from exc
         try:
             _lock(fd, output, role, busy_hint)
-            if _names(path, fd):
+            if path.names(fd):
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{os.getpid()} {role}\n".encode("ascii"), 0)
                 return fd
@@ -91,7 +92,7 @@ def _acquire(path: Path, output: Path, role: str, busy_hint: str) -> int:
         os.close(fd)  # the holder removed the file between our open and our flock: open the new one
 
 
-def _lock(fd: int, output: Path, role: str, busy_hint: str) -> None:
+def _lock(fd: int, output: Location, role: str, busy_hint: str) -> None:
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -101,15 +102,6 @@ def _lock(fd: int, output: Path, role: str, busy_hint: str) -> None:
             if role != MERGE or holder_role != MERGE:
                 raise _busy(output, pid, holder_role, busy_hint) from None
         time.sleep(POLL_S)
-
-
-def _names(path: Path, fd: int) -> bool:
-    """Whether `path` still names the file open as `fd` (see the module note on removal)."""
-    try:
-        on_disk, ours = os.stat(path), os.fstat(fd)
-    except FileNotFoundError:
-        return False
-    return (on_disk.st_dev, on_disk.st_ino) == (ours.st_dev, ours.st_ino)
 
 
 def _holder(fd: int) -> tuple[int | None, str]:
@@ -124,7 +116,7 @@ def _holder(fd: int) -> tuple[int | None, str]:
         time.sleep(0.01)
 
 
-def _busy(output: Path, pid: int | None, role: str, hint: str) -> OutputBusy:
+def _busy(output: Location, pid: int | None, role: str, hint: str) -> OutputBusy:
     details = [f"PID {pid}"] if pid else []
     if role == MERGE:
         details.append("joining slices")
@@ -132,10 +124,10 @@ def _busy(output: Path, pid: int | None, role: str, hint: str) -> OutputBusy:
     return OutputBusy(f"{output}: {who} is writing this output; {hint}")
 
 
-def _release(path: Path, fd: int) -> None:
+def _release(path: Location, fd: int) -> None:
     try:
-        if _names(path, fd):
-            path.unlink()
+        if path.names(fd):  # whether `path` still names the file open as `fd` (see the module note on removal)
+            path.rm_file()
     except OSError:
         pass  # a lock file left behind is harmless: the next run takes it
     finally:

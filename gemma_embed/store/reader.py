@@ -7,11 +7,11 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from gemma_embed import FORMAT
+from gemma_embed.locations import Location, location
 from gemma_embed.store.damage import DamagedFile
 from gemma_embed.store.layout import index_path, output_files, read_index
 from gemma_embed.store.tensors_file import (
@@ -31,14 +31,14 @@ def _told(exc: DamagedFile) -> DamagedFile:
     return exc if exc.reason.startswith("format=") else exc.told(fix=REBUILD)
 
 
-def _files(path: Path) -> list[Path]:
-    files = output_files(Path(path))
+def _files(path: Location) -> list[Location]:
+    files = output_files(path)
     if not files:
         raise FileNotFoundError(f"{path}: no such output (neither the file nor its .index.json)")
     return files
 
 
-def _index_keys(path: Path) -> tuple[Path, dict[str, int]] | None:
+def _index_keys(path: Location) -> tuple[Location, dict[str, int]] | None:
     """(the index, key -> file number in order) when `path` is (or names) an index that lists keys."""
     index = path if path.suffix == ".json" else index_path(path)
     if path.suffix != ".json" and path.exists():
@@ -49,14 +49,14 @@ def _index_keys(path: Path) -> tuple[Path, dict[str, int]] | None:
     return (index, keys) if keys else None
 
 
-def _open_rows(file: Path, stack: ExitStack) -> FileRows:
+def _open_rows(file: Location, stack: ExitStack) -> FileRows:
     try:
         return FileRows(file, stack)
     except DamagedFile as exc:
         raise _told(exc) from None
 
 
-def _entries(path: Path, stack: ExitStack) -> Iterator[tuple[str, dict, Callable[[], torch.Tensor], dict]]:
+def _entries(path: Location, stack: ExitStack) -> Iterator[tuple[str, dict, Callable[[], torch.Tensor], dict]]:
     """(key, item metadata, rows reader, file header) in order; rows are read only when asked."""
     opened = [_open_rows(file, stack) for file in _files(path)]
     positions = [{key: i for i, key in enumerate(file.keys)} for file in opened]
@@ -81,19 +81,19 @@ def read_metadata(path: str | os.PathLike) -> dict:
     keys: list[str] = []
     items: list[dict] = []
     with ExitStack() as stack:
-        for key, item, _, header in _entries(Path(path), stack):
+        for key, item, _, header in _entries(location(path), stack):
             meta = meta or header
             keys.append(key)
             items.append(item)
     if not meta:
-        meta = read_header(_files(Path(path))[0])
+        meta = read_header(_files(location(path))[0])
     return {**meta, "keys": keys, "items": items}
 
 
 def iter_items(path: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor, dict]]:
     """Yield (key, rows, item metadata) one item at a time, reading only that item's rows, in order."""
     with ExitStack() as stack:
-        for key, item, rows, _ in _entries(Path(path), stack):
+        for key, item, rows, _ in _entries(location(path), stack):
             yield key, rows(), item
 
 
@@ -110,7 +110,7 @@ class OutputFile:
     """One file of an output, without its embeddings: whose rows are where (row r of the file belongs to item i
     where offsets[i] <= r < offsets[i + 1]). Keys and items are decoded from the header when first asked for."""
 
-    path: Path
+    path: Location
     header: dict
     offsets: torch.Tensor  # int64 [N + 1]
 
@@ -147,7 +147,7 @@ def output_index(path: str | os.PathLike) -> list[OutputFile]:
     """Every file of an output (a single file, or the shards its index lists, in that order) with its keys, items
     and offsets; reads no embeddings."""
     files = []
-    for file in _files(Path(path)):
+    for file in _files(location(path)):
         try:
             with _safe_open(file) as fh:
                 header = _metadata(file, fh)
@@ -165,7 +165,7 @@ def iter_row_blocks(
     copies out only the block asked for, so an output far larger than memory is read with one block in RAM.
     `files`: the output's `output_index`, when the caller has it (saves reading a shard index again)."""
     size = max(1, int(rows))
-    paths = [f.path for f in files] if files is not None else _files(Path(path))
+    paths = [f.path for f in files] if files is not None else _files(location(path))
     for number, file in enumerate(paths):
         with _safe_open(file) as fh:
             embeddings = fh.get_slice("embeddings")

@@ -18,13 +18,13 @@ import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gemma_embed import FORMAT, __version__
-from gemma_embed.store.layout import atomic_file, index_path, output_files
+from gemma_embed.locations import Location, location
+from gemma_embed.store.layout import index_path, output_files, relative_name
 
 TABLE_FORMAT = "gemma-embed-search/1"
 TABLE_SUFFIX = ".search-index"
@@ -35,14 +35,13 @@ STORED_DTYPES = {"F16": "float16", "F32": "float32", "BF16": "bfloat16"}
 SAFETENSORS_NAMES = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64", np.dtype(np.uint8): "U8"}
 
 
-def output_stem(output: str | os.PathLike) -> Path:
+def output_stem(output: str | os.PathLike) -> Location:
     """The output's name without `.safetensors` or `.index.json`: what every file beside it is named after."""
-    output = Path(output)
-    name = output.name.removesuffix(".index.json").removesuffix(".safetensors")
-    return output.with_name(name)
+    where = location(output)
+    return where.with_name(where.name.removesuffix(".index.json").removesuffix(".safetensors"))
 
 
-def table_path(output: str | os.PathLike) -> Path:
+def table_path(output: str | os.PathLike) -> Location:
     stem = output_stem(output)
     return stem.with_name(stem.name + TABLE_SUFFIX)
 
@@ -50,7 +49,7 @@ def table_path(output: str | os.PathLike) -> Path:
 # ------------------------------------------------------------------------------------------ fingerprint
 
 
-def _listing(output: Path) -> list[Path]:
+def _listing(output: Location) -> list[Location]:
     """The files whose change makes a table stale: the shard index (when there is one) and every file."""
     files = output_files(output)
     if not files:
@@ -64,12 +63,11 @@ def fingerprint(output: str | os.PathLike) -> list[dict]:
     """What the output is now: per file, its name relative to the output's folder, size and modification time
     (for a sharded output the shard index comes first). Any rewrite changes the time; a copy that keeps the
     bytes but not the times counts as changed too (telling them apart would mean reading every row)."""
-    output = Path(output)
+    where = location(output)
     entries = []
-    for file in _listing(output):
-        stat = file.stat()
-        name = os.path.relpath(file, output.parent)
-        entries.append({"name": name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
+    for file in _listing(where):
+        info = file.info()
+        entries.append({"name": relative_name(file, where.parent), "size": info["size"], "mtime_ns": info["mtime_ns"]})
     return entries
 
 
@@ -97,7 +95,7 @@ def compare_fingerprint(recorded: list[dict], output: str | os.PathLike) -> str 
 class TableFile:
     """One file of the output: where its embeddings start (bytes from the file's start) and their layout."""
 
-    path: Path
+    path: Location
     data_start: int
     dtype: str  # safetensors' name: F16, F32 or BF16
     rows: int
@@ -108,17 +106,20 @@ class TableFile:
         bfloat16 rows come as uint16 (numpy has no bfloat16; torch views them as one)."""
         if self.rows == 0:
             return np.zeros((0, self.width), NUMPY_DTYPES[self.dtype])
-        return np.memmap(self.path, NUMPY_DTYPES[self.dtype], "c", self.data_start, (self.rows, self.width))
+        return np.memmap(
+            self.path.local_path(), NUMPY_DTYPES[self.dtype], "c", self.data_start, (self.rows, self.width)
+        )
 
 
-def read_file_header(file: Path) -> tuple[dict, dict, int]:
+def read_file_header(file: str | os.PathLike | Location) -> tuple[dict, dict, int]:
     """(string metadata, tensor entries, byte offset of the data section) of one gemma-embed/1 file."""
-    with open(file, "rb") as fh:
+    file = location(file)
+    with file.open("rb") as fh:
         head = fh.read(8)
         if len(head) != 8:
             raise ValueError(f"{file}: not a {FORMAT} file (shorter than a safetensors header)")
         length = struct.unpack("<Q", head)[0]
-        if length > file.stat().st_size:
+        if length > file.size():
             raise ValueError(f"{file}: not a {FORMAT} file (header length {length} past the end)")
         try:
             header = json.loads(fh.read(length))
@@ -130,7 +131,7 @@ def read_file_header(file: Path) -> tuple[dict, dict, int]:
     return meta, header, 8 + length
 
 
-def _tensor(file: Path, header: dict, start: int, name: str) -> tuple[str, list[int], int, int]:
+def _tensor(file: Location, header: dict, start: int, name: str) -> tuple[str, list[int], int, int]:
     entry = header.get(name)
     if not isinstance(entry, dict) or entry.get("dtype") not in NUMPY_DTYPES:
         raise ValueError(f"{file}: not a {FORMAT} file (no usable {name!r} tensor)")
@@ -185,7 +186,7 @@ def build_table(output: str | os.PathLike, progress: Callable[[int, int], None] 
     (float32, as the exact search computes it). Returns (RowTable, the lines); `progress(rows_done, rows)`."""
     import torch
 
-    paths = output_files(Path(output))
+    paths = output_files(output)
     if not paths:
         raise FileNotFoundError(f"{output}: no such output (neither the file nor its .index.json)")
     files: list[TableFile] = []
@@ -199,9 +200,7 @@ def build_table(output: str | os.PathLike, progress: Callable[[int, int], None] 
         if dtype not in STORED_DTYPES or len(shape) != 2:
             raise ValueError(f"{path}: embeddings of dtype {dtype} and shape {shape} cannot be searched")
         _, _, offsets_start, offsets_end = _tensor(path, tensors, start, "offsets")
-        with open(path, "rb") as fh:
-            fh.seek(offsets_start)
-            offsets = np.frombuffer(fh.read(offsets_end - offsets_start), np.int64)
+        offsets = np.frombuffer(path.cat_file(offsets_start, offsets_end), np.int64)
         keys, items = json.loads(meta.pop("keys")), json.loads(meta.pop("items"))
         if len(offsets) != len(keys) + 1 or (len(offsets) and offsets[-1] != shape[0]):
             raise ValueError(f"{path}: offsets do not match its {len(keys)} items and {shape[0]} rows")
@@ -260,15 +259,16 @@ def _lines_entry(blob: Any, starts: np.ndarray) -> Callable[[int], tuple[str, di
 # ------------------------------------------------------------------------------------------ the file
 
 
-def write_table(path: Path, record: dict, table: RowTable, lines: tuple) -> dict:
+def write_table(path: str | os.PathLike | Location, record: dict, table: RowTable, lines: tuple) -> dict:
     """The table and its record as one safetensors file, written atomically (a stopped write leaves nothing).
     Returns the record as written (with the files, rows, width and run header it covers)."""
     blob, starts = lines
-    folder = Path(path).parent
+    path = location(path)
+    folder = path.parent
     record = {
         **record,
         "files": [
-            {"name": os.path.relpath(f.path, folder), "data_start": f.data_start, "dtype": f.dtype, "rows": f.rows}
+            {"name": relative_name(f.path, folder), "data_start": f.data_start, "dtype": f.dtype, "rows": f.rows}
             for f in table.files
         ],
         "width": table.width,
@@ -288,7 +288,7 @@ def write_table(path: Path, record: dict, table: RowTable, lines: tuple) -> dict
     return record
 
 
-def _write_safetensors(path: Path, metadata: dict[str, str], arrays: dict[str, np.ndarray]) -> None:
+def _write_safetensors(path: Location, metadata: dict[str, str], arrays: dict[str, np.ndarray]) -> None:
     entries, offset = {}, 0
     for name, array in arrays.items():
         size = array.nbytes
@@ -300,19 +300,20 @@ def _write_safetensors(path: Path, metadata: dict[str, str], arrays: dict[str, n
         offset += size
     text = json.dumps({"__metadata__": metadata, **entries}, separators=(",", ":")).encode("ascii")
     text += b" " * (-len(text) % 8)
-    with atomic_file(path) as fh:
+    with path.atomic_write() as fh:
         fh.write(struct.pack("<Q", len(text)))
         fh.write(text)
         for array in arrays.values():
             fh.write(np.ascontiguousarray(array).tobytes())
 
 
-def read_record(path: Path) -> dict:
+def read_record(path: str | os.PathLike | Location) -> dict:
     """The record of a table file (what it covers, how its index was built), reading none of its arrays."""
     from safetensors import SafetensorError, safe_open
 
+    path = location(path)
     try:
-        with safe_open(str(path), framework="numpy") as fh:
+        with safe_open(path.local_path(), framework="numpy") as fh:
             meta = fh.metadata() or {}
     except SafetensorError as exc:
         raise ValueError(f"{path}: not a {TABLE_FORMAT} file ({' '.join(str(exc).split())})") from None
@@ -321,17 +322,18 @@ def read_record(path: Path) -> dict:
     return json.loads(meta["record"])
 
 
-def load_table(path: Path, record: dict) -> RowTable:
+def load_table(path: str | os.PathLike | Location, record: dict) -> RowTable:
     """The table of a (checked) table file: small arrays read, key/metadata lines memory-mapped."""
     from safetensors import safe_open
 
-    folder = Path(path).parent
-    with safe_open(str(path), framework="numpy") as fh:
+    path = location(path)
+    folder = path.parent
+    with safe_open(path.local_path(), framework="numpy") as fh:
         norms, item_rows, file_items, starts = (
             fh.get_tensor(n) for n in ("norms", "item_rows", "file_items", "line_starts")
         )
     lines_offset = _data_offset(path, "lines")
-    blob = np.memmap(path, np.uint8, "r", lines_offset, int(starts[-1])) if starts[-1] else b""
+    blob = np.memmap(path.local_path(), np.uint8, "r", lines_offset, int(starts[-1])) if starts[-1] else b""
     files = [
         TableFile(folder / f["name"], int(f["data_start"]), f["dtype"], int(f["rows"]), int(record["width"]))
         for f in record["files"]
@@ -339,8 +341,8 @@ def load_table(path: Path, record: dict) -> RowTable:
     return RowTable(files, record.get("header", {}), item_rows, file_items, norms, _lines_entry(blob, starts))
 
 
-def _data_offset(path: Path, name: str) -> int:
-    with open(path, "rb") as fh:
+def _data_offset(path: Location, name: str) -> int:
+    with path.open("rb") as fh:
         length = struct.unpack("<Q", fh.read(8))[0]
         header = json.loads(fh.read(length))
     return 8 + length + header[name]["data_offsets"][0]

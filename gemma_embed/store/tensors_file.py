@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import struct
 import zlib
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,7 +31,7 @@ import torch
 from gemma_embed import FORMAT, __version__
 from gemma_embed.config import DTYPE_CODES
 from gemma_embed.device import dtype_name
-from gemma_embed.store.atomic import atomic_file
+from gemma_embed.locations import Location, location
 from gemma_embed.store.damage import DamagedFile, require_regular_file
 
 SAFETENSORS_DTYPES = {getattr(torch, name): code for name, code in DTYPE_CODES.items() if name != "float64"}
@@ -80,13 +80,13 @@ def _raw_bytes(tensor: torch.Tensor) -> bytes:
 
 
 def write_embedding_file(
-    path: Path,
+    path: str | os.PathLike | Location,
     metadata: dict[str, str],
     row_counts: list[int],
     width: int,
     dtype: torch.dtype,
     row_blocks: Iterable[torch.Tensor],
-) -> Path:
+) -> Location:
     """Write one file atomically: `row_blocks` are the items' rows in order (each [rows_i, width], any dtype;
     cast to `dtype` here), read one at a time, so the whole embedding matrix is never in memory."""
     total_rows = sum(row_counts)
@@ -108,7 +108,8 @@ def write_embedding_file(
     }
     text = json.dumps(header, ensure_ascii=True, separators=(",", ":")).encode("ascii")
     text += b" " * (-len(text) % HEADER_ALIGNMENT)
-    with atomic_file(path) as fh:
+    path = location(path)
+    with path.atomic_write() as fh:
         fh.write(struct.pack("<Q", len(text)))
         fh.write(text)
         written = 0
@@ -124,32 +125,34 @@ def write_embedding_file(
     return path
 
 
-def _safe_open(file: Path) -> Any:
+def _safe_open(file: Location) -> Any:
     """safetensors' reader on a regular file (a FIFO would block the open; a folder gives "No such device"),
-    with its own error type (a file that is not safetensors at all, such as a pickle) as a `DamagedFile`."""
+    with its own error type (a file that is not safetensors at all, such as a pickle) as a `DamagedFile`. It
+    memory-maps the file by its name: `Location.local_path`."""
     from safetensors import SafetensorError, safe_open
 
     require_regular_file(file)
     try:
-        return safe_open(str(file), framework="pt")
+        return safe_open(file.local_path(), framework="pt")
     except SafetensorError as exc:
         raise DamagedFile(file, str(exc)) from None
 
 
-def _metadata(file: Path, handle: Any) -> dict[str, str]:
+def _metadata(file: Location, handle: Any) -> dict[str, str]:
     meta = dict(handle.metadata() or {})
     if meta.get("format") != FORMAT:
         raise DamagedFile(file, f"format={meta.get('format')!r}")
     return meta
 
 
-def read_header(file: Path) -> dict:
+def read_header(file: str | os.PathLike | Location) -> dict:
     """A gemma-embed/1 file's string metadata, without reading any tensor."""
+    file = location(file)
     with _safe_open(file) as fh:
         return _metadata(file, fh)
 
 
-def json_list(file: Path, meta: dict, field: str, element: type) -> list:
+def json_list(file: Location, meta: dict, field: str, element: type) -> list:
     """Metadata field `field`: a JSON list of `element`s (keys: str, items: dict, checksums: str)."""
     if field not in meta:
         raise DamagedFile(file, f"no {field} field")
@@ -162,7 +165,7 @@ def json_list(file: Path, meta: dict, field: str, element: type) -> list:
     return value
 
 
-def listing(file: Path, meta: dict) -> tuple[list[str], list[dict]]:
+def listing(file: Location, meta: dict) -> tuple[list[str], list[dict]]:
     """The keys and items of a file, checked against each other."""
     keys, items = json_list(file, meta, "keys", str), json_list(file, meta, "items", dict)
     if len(keys) != len(items):
@@ -174,7 +177,9 @@ def listing(file: Path, meta: dict) -> tuple[list[str], list[dict]]:
     return keys, items
 
 
-def checked_offsets(file: Path, handle: Any, count: int | None = None, rows: list[int] | None = None) -> torch.Tensor:
+def checked_offsets(
+    file: Location, handle: Any, count: int | None = None, rows: list[int] | None = None
+) -> torch.Tensor:
     """The `offsets` tensor, checked against the embeddings' rows and, when given, the item count and rows."""
     from safetensors import SafetensorError
 
@@ -198,9 +203,9 @@ class FileRows:
     """Rows of one item at a time from an open file (memory-mapped slices, nothing else is read); its keys,
     items and offsets are checked on opening."""
 
-    def __init__(self, file: Path, stack: contextlib.ExitStack) -> None:
-        self.file = Path(file)
-        self.handle = stack.enter_context(_safe_open(file))
+    def __init__(self, file: str | os.PathLike | Location, stack: contextlib.ExitStack) -> None:
+        self.file = location(file)
+        self.handle = stack.enter_context(_safe_open(self.file))
         self.metadata = _metadata(self.file, self.handle)
         self.keys, self.items = listing(self.file, self.metadata)
         rows = [item["rows"] for item in self.items]

@@ -22,21 +22,21 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from gemma_embed.device import DTYPES, dtype_name
 from gemma_embed.errors import UsageError
+from gemma_embed.locations import Location, location
 from gemma_embed.store import tensors_file
 from gemma_embed.store.layout import (
     HEADER_CAP,
     DamagedFile,
+    Where,
     check_output_folder,
     index_path,
     output_files,
@@ -60,7 +60,7 @@ RESUME_FIX = "remove it or run with --overwrite"
 class Saved:
     """An item's rows in a file written earlier (a part, or an existing output)."""
 
-    file: Path
+    file: Location
     position: int
     meta: dict
 
@@ -87,7 +87,7 @@ class ReuseIndex:
 class EmbeddingWriter:
     def __init__(
         self,
-        path: Path,
+        path: Where,
         header: dict[str, str],
         output_dtype: str = "float32",
         flush_every: int | None = None,
@@ -97,7 +97,7 @@ class EmbeddingWriter:
         shard_size: int | None = None,
         warn: Callable[[str], None] | None = None,
     ):
-        self.path = Path(path)
+        self.path = location(path)
         self.parts = parts_folder(self.path)
         self.dtype = DTYPES[str(output_dtype)]
         self.header = {**header, "dtype": dtype_name(self.dtype)}
@@ -118,10 +118,8 @@ class EmbeddingWriter:
         self.warn = warn or (lambda message: None)
         if resume:
             self._index_previous_work()
-        elif self.parts.is_dir() and not self.parts.is_symlink():
-            shutil.rmtree(self.parts)  # --overwrite: start over
-        elif self.parts.exists() or self.parts.is_symlink():
-            self.parts.unlink()
+        elif self.parts.lexists():
+            self.parts.rm(recursive=True)  # --overwrite: start over (a link there is removed, never followed)
 
     # ------------------------------------------------------------------------------------------ resume
     def _index_previous_work(self) -> None:
@@ -193,7 +191,7 @@ class EmbeddingWriter:
         self.last_flush = time.monotonic()
         if not self.pending:
             return
-        self.parts.mkdir(exist_ok=True)
+        self.parts.makedirs(exist_ok=True)
         part = self.parts / f"part-{self.part_count:06d}.safetensors"
         keys = list(self.pending)
         metas = [meta for meta, _ in self.pending.values()]
@@ -230,7 +228,7 @@ class EmbeddingWriter:
         kept = [k for k in self.final_order() if k not in self.order]
         return {**{k: i - len(kept) for i, k in enumerate(kept)}, **self.order}
 
-    def close(self) -> Path:
+    def close(self) -> Location:
         """Write the output: one file, or shards plus an index when `shard_size` (or the metadata's size) calls
         for them, streaming every item's rows; then remove what it replaces and the parts."""
         keys = self.final_order()
@@ -242,7 +240,7 @@ class EmbeddingWriter:
         ranges = plan_shards(sizes, self.shard_size, HEADER_CAP)
         previous = output_files(self.path)
         with ExitStack() as stack:
-            opened: dict[Path, FileRows] = {}
+            opened: dict[Location, FileRows] = {}
 
             def rows_of(key: str) -> torch.Tensor:
                 if key in self.pending:
@@ -254,7 +252,7 @@ class EmbeddingWriter:
 
             width = self._width(keys, rows_of)
 
-            def write(path: Path, span: range) -> Path:
+            def write(path: Location, span: range) -> Location:
                 span_keys = [keys[i] for i in span]
                 span_metas = [metas[i] for i in span]
                 return tensors_file.write_embedding_file(
@@ -272,14 +270,14 @@ class EmbeddingWriter:
                 written = [write(shard_path(self.path, n), span) for n, span in enumerate(ranges)]
         if len(ranges) > 1:
             if self.path.exists():
-                self.path.unlink()  # an older single-file output: the index below replaces it
+                self.path.rm_file()  # an older single-file output: the index below replaces it
             write_index(self.path, written, [(keys[i], n) for n, span in enumerate(ranges) for i in span])
         for stale in set(previous) - set(written):
-            stale.unlink(missing_ok=True)
+            stale.rm_file(missing_ok=True)
         if len(ranges) == 1:
-            index_path(self.path).unlink(missing_ok=True)
+            index_path(self.path).rm_file(missing_ok=True)
         if self.parts.exists():
-            shutil.rmtree(self.parts)
+            self.parts.rm(recursive=True)
         return self.path if len(ranges) == 1 else index_path(self.path)
 
     def _width(self, keys: list[str], rows_of: Callable[[str], torch.Tensor]) -> int:
@@ -292,15 +290,15 @@ class EmbeddingWriter:
 # ---------------------------------------------------------------------------------------- previous work
 
 
-def previous_work(output: Path) -> tuple[list[Path], list[Path]]:
+def previous_work(output: Where) -> tuple[list[Location], list[Location]]:
     """What --resume reads: the existing output's files, and the parts of an interrupted run in order.
     Anything in `.parts` named like a part must be one."""
     parts = parts_folder(output)
-    files: list[Path] = []
+    files: list[Location] = []
     if parts.exists():
-        if not parts.is_dir():
+        if not parts.isdir():
             raise DamagedFile(parts, "is a file", "parts folder", RESUME_FIX)
-        files = list(parts.glob("part-*.safetensors"))
+        files = parts.glob("part-*.safetensors")
         for file in files:
             if not PART_NAME.fullmatch(file.name):
                 raise DamagedFile(file, "a name other than part-NNNNNN.safetensors", "part file", RESUME_FIX)
@@ -311,10 +309,10 @@ def previous_work(output: Path) -> tuple[list[Path], list[Path]]:
     return previous, sorted(files, key=_part_number)
 
 
-def check_output_path(path: Path, overwrite: bool, resume: bool = False) -> None:
+def check_output_path(path: Where, overwrite: bool, resume: bool = False) -> None:
     """Fail before any work if the run would clobber something, or the output folder is not writable."""
-    path = Path(path)
-    if path.is_dir():
+    path = location(path)
+    if path.isdir():
         raise UsageError(f"{path}: output path is a folder")
     parts = parts_folder(path)
     if resume:  # before a model loads: a damaged part or output is one line now, not minutes later
@@ -329,7 +327,7 @@ def check_output_path(path: Path, overwrite: bool, resume: bool = False) -> None
     check_output_folder(path)
 
 
-def check_resumable(output: Path) -> None:
+def check_resumable(output: Where) -> None:
     """Before a model is loaded: every file --resume will read opens as what it should be (rows are checked
     against their checksums later, by the writer)."""
     previous, parts = previous_work(output)
@@ -341,14 +339,14 @@ def check_resumable(output: Path) -> None:
             _open_saved(file, True, stack)
 
 
-def _part_number(part: Path) -> int:
+def _part_number(part: Location) -> int:
     match = PART_NAME.fullmatch(part.name)
     if match is None:
         raise ValueError(f"{part}: not a part name")
     return int(match[1])
 
 
-def _open_saved(file: Path, is_part: bool, stack: ExitStack) -> tuple[FileRows, list[str] | None]:
+def _open_saved(file: Location, is_part: bool, stack: ExitStack) -> tuple[FileRows, list[str] | None]:
     """A file of earlier work, checked, with its checksums of each item's rows (parts only; None for a part
     written before parts had them)."""
     try:

@@ -1,0 +1,75 @@
+"""The one opener of locations: every byte the tool reads from a user's input (media files, tar shards, parquet,
+JSON lines, text files, path cells, a dataset's folder) and every byte it writes (outputs, parts, the lock, the
+errors file, the search index, exports, the search page) goes through here. No other module opens, lists, stats,
+creates, renames or removes a user's file (tests/unit/test_location_calls.py reads the source to hold that).
+
+- `location(value)` -> `Location` (location.py): a string with its protocol, resolved to (filesystem, path) as
+  `fsspec.core.url_to_fs` does; path arithmetic that keeps the protocol; fsspec's operations bound to it (`info`,
+  `exists`, `isdir`, `isfile`, `ls`, `walk`, `glob`, `open`, `cat_file`, `rm_file`, `rm`, `makedirs`) and the
+  tool's (`regular_file`, `open_input`, `facts`, `atomic_write`, `temp_path`, `open_lock`, `probe_folder`). A local
+  location is a `LocalLocation`, the `pathlib.Path` callers always had; any other protocol a `RemoteLocation`.
+- `Files` (base.py): what a filesystem provides; `LocalFiles` (local.py) is the first, with the safety of every
+  file the tool creates and every input it opens.
+
+A location is a small picklable value (two strings): Ray workers and decode threads are sent locations, never
+bytes, and open them themselves. Libraries that open files by name (Pillow, PyAV, soundfile, pyarrow, numpy's
+memmap, safetensors, faiss, datasets) get `Location.local_path()` of a local location (they read a real file
+faster than a Python file object: PyAV and soundfile especially), or `temp_path()` to write; another kind of
+location would give them `Location.open()`'s seekable file (or `fsspec()`'s filesystem) instead.
+
+What is not a user's location, and stays outside the seam, with why (`OUTSIDE_THE_SEAM`): model checkpoints (the
+hub's cache or a checkpoint folder, read by transformers and safetensors through models/loading.py), the system's
+own files (/proc, cgroup limits, /dev/null, the process's stderr and stdin), and the option table's spelling of
+paths (config.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+from gemma_embed.locations.base import Files, NotRegularFile
+from gemma_embed.locations.location import (
+    REMOTE_NEEDS,
+    LocalLocation,
+    Location,
+    RemoteLocation,
+    UnsupportedLocation,
+    filesystem_for,
+    location,
+    split_protocol,
+)
+
+__all__ = [
+    "OUTSIDE_THE_SEAM",
+    "REMOTE_NEEDS",
+    "Files",
+    "LocalLocation",
+    "Location",
+    "NotRegularFile",
+    "RemoteLocation",
+    "UnsupportedLocation",
+    "filesystem_for",
+    "location",
+    "regular_file",
+    "split_protocol",
+]
+
+
+def regular_file(where: str | os.PathLike | Location, what: str = "a media file") -> os.stat_result:
+    """`Location.regular_file` of any location value: the file's stat after the regular-file refusal."""
+    return location(where).regular_file(what)
+
+
+# Modules (or module:function) that open files the seam does not cover, and why. Everything else in the package
+# reaches files through a Location.
+OUTSIDE_THE_SEAM = {
+    "locations/": "the seam itself",
+    "models/": "checkpoints: the hub cache or a checkpoint folder (transformers, safetensors, tokenizer files)",
+    "config.py": "the option table: model ids that look like folders, and how RunConfig spells paths",
+    "cpu_threads.py": "the system's /proc/stat",
+    "memory.py": "the system's cgroup memory limits under /sys/fs/cgroup",
+    "device.py": "the system's /proc/cpuinfo",
+    "capture.py": "the process's own stderr (fd 2), duplicated",
+    "progress.py": "/dev/null over the process's own descriptors",
+    "sources/files.py:process_stdin": "the process's standard input, unbuffered",
+}

@@ -1,0 +1,258 @@
+"""Local files, the seam's first filesystem: fsspec's method names and meaning, on paths exactly as given.
+
+An own small class rather than a subclass of fsspec's `LocalFileSystem`, because that class rewrites every path
+before the OS sees it: relative paths become absolute and a leading `~` is expanded (a relative name such as
+`~draft/a.jpg` would open another user's home folder), so its errors and listings no longer name the path the user
+gave, which the tool's messages and metadata must. Its `exists` also swallows every exception with a bare
+`except` (a stop signal included), its walk lists a link to a folder as a file, and importing fsspec costs about
+90 ms (asyncio) on every command before the output lock is taken. Overriding all of that would leave a subclass in
+name only. Libraries that take an fsspec filesystem get one from `Location.fsspec()`.
+
+Safety lives here, in one place, for the hostile-input work that follows:
+- inputs: `regular_file` refuses what is not a regular file by `stat` alone (opening a FIFO blocks until a writer
+  comes; /dev/zero never ends); `open_input` opens without blocking or taking a terminal and refuses a
+  descriptor that is not a regular file after all (swapped in after the stat);
+- created files: every file the tool creates is created with O_EXCL | O_NOFOLLOW inside its folder opened once
+  (`dir_fd`), and renamed into place from that folder (`atomic_write`, `temp_path`); the output lock's file is
+  opened with O_NOFOLLOW (a link there is refused, never written through).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+from typing import Any, BinaryIO
+
+from gemma_embed.locations.base import NotRegularFile
+
+HASH_BLOCK = 1 << 20
+
+# What a file that is not a regular one is, by its stat mode, for messages.
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def kind_of(mode: int) -> str:
+    """What a stat mode that is no regular file or folder is, in words ("a FIFO", ...)."""
+    return next((name for test, name in _KINDS if test(mode)), "not a file")
+
+
+class LocalFiles:
+    """The local filesystem (POSIX), on paths as given: relative paths stay relative to the working folder."""
+
+    protocol = "file"
+
+    # ------------------------------------------------------------------------------------------ fsspec's
+    def info(self, path: str) -> dict[str, Any]:
+        """fsspec's info: the entry through a symbolic link (`islink` says whether it is one), with the
+        nanosecond modification time beside fsspec's float (`mtime_ns`: what an index fingerprint compares)."""
+        st = os.lstat(path)
+        link = stat.S_ISLNK(st.st_mode)
+        if link:
+            st = os.stat(path)
+        kind = "directory" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
+        return {
+            "name": path,
+            "size": st.st_size,
+            "type": kind,
+            "mtime": st.st_mtime,
+            "mtime_ns": st.st_mtime_ns,
+            "mode": st.st_mode,
+            "islink": link,
+        }
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def lexists(self, path: str) -> bool:
+        """Whether there is an entry, a dangling symbolic link included."""
+        return os.path.lexists(path)
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def isfile(self, path: str) -> bool:
+        return os.path.isfile(path)
+
+    def islink(self, path: str) -> bool:
+        return os.path.islink(path)
+
+    def size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def ls(self, path: str) -> list[str]:
+        """The folder's entries as paths under it, sorted by name."""
+        return [os.path.join(path, name) for name in sorted(os.listdir(path))]
+
+    def walk(self, path: str) -> Iterator[tuple[str, list[str], list[str]]]:
+        """os.walk's (folder, folder names, other names), top down: sorting or pruning the folder names in place
+        steers the walk. Links to folders are listed with the folders and not descended into; unreadable
+        folders are passed over (fsspec's on_error="omit")."""
+        yield from os.walk(path, followlinks=False)
+
+    def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        return open(path, mode, **kwargs)  # noqa: SIM115 - the caller closes it
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        """Bytes [start, end) of the file (fsspec's ranged read; None: from the start, to the end)."""
+        with open(path, "rb") as fh:
+            if start:
+                fh.seek(start)
+            return fh.read() if end is None else fh.read(max(0, end - (start or 0)))
+
+    def rm_file(self, path: str) -> None:
+        os.unlink(path)
+
+    def rm(self, path: str, recursive: bool = False) -> None:
+        """Remove a file or a link; a folder (never one reached through a link) only with `recursive`."""
+        if os.path.isdir(path) and not os.path.islink(path):
+            if not recursive:
+                raise IsADirectoryError(f"{path}: a folder (remove it with recursive=True)")
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        os.makedirs(path, exist_ok=exist_ok)
+
+    # ------------------------------------------------------------------------------------------ the tool's
+    def regular_file(self, path: str, what: str = "a media file") -> os.stat_result:
+        """The file's stat (through symbolic links), after refusing what must not be opened for reading: a folder
+        (IsADirectoryError, "is a directory, not `what`") and anything that is not a regular file (NotRegularFile,
+        naming its kind and, through a link, where the link leads). Only stat is called, never open."""
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(f"is a directory, not {what}")
+        if not stat.S_ISREG(st.st_mode):
+            kind = kind_of(st.st_mode)
+            if os.path.islink(path):
+                kind = f"a symbolic link to {os.path.realpath(path)}, {kind}"
+            raise NotRegularFile(f"not a regular file ({kind}); not opened")
+        return st
+
+    def open_input(self, path: str) -> BinaryIO:
+        """A user's file opened for reading, buffered. Opened without blocking (a FIFO put there after a stat
+        would otherwise wait for a writer) and without becoming a controlling terminal; a descriptor that is not a
+        regular file is closed again, unread (NotRegularFile). A folder is IsADirectoryError, as open() says."""
+
+        def nonblocking(name: str, flags: int) -> int:
+            return os.open(name, flags | os.O_NONBLOCK | os.O_NOCTTY)
+
+        fh = open(path, "rb", opener=nonblocking)  # noqa: SIM115 - returned to the caller
+        try:
+            fd = fh.fileno()
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise NotRegularFile(f"not a regular file ({kind_of(mode)}); not read")
+            os.set_blocking(fd, True)
+        except BaseException:
+            fh.close()
+            raise
+        return fh
+
+    def facts(self, path: str) -> dict[str, Any]:
+        """Size, modification time and SHA-256 of the content: how `--resume` tells a changed file. The content is
+        read once, a block at a time."""
+        import hashlib  # here: loading OpenSSL (16 ms on the busy 2-core machine) is for the runs that hash
+
+        st = self.regular_file(path)
+        digest = hashlib.sha256()
+        with self.open_input(path) as fh:
+            while block := fh.read(HASH_BLOCK):
+                digest.update(block)
+        return {"bytes": st.st_size, "mtime": st.st_mtime, "sha256": digest.hexdigest()}
+
+    @contextlib.contextmanager
+    def atomic_write(self, path: str) -> Iterator[BinaryIO]:
+        """A binary file whose content appears at `path` whole when the block ends, or not at all: written to a
+        new temporary file beside it (mode 0666 less the umask, as open() would create `path` itself; a
+        `mkstemp` file is always 0600), flushed, fsynced and renamed over `path`."""
+        with _folder(path) as (folder_fd, name):
+            tmp = _temp_name(name)
+            fd = os.open(tmp, _CREATE, 0o666, dir_fd=folder_fd)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    yield fh
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=folder_fd)
+                raise
+
+    @contextlib.contextmanager
+    def temp_path(self, path: str) -> Iterator[str]:
+        """The name of a new, empty temporary file beside `path`, for a writer that opens by name (numpy's memmap,
+        pyarrow, faiss); it becomes `path` (fsynced, renamed) when the block ends without error, or is removed."""
+        with _folder(path) as (folder_fd, name):
+            tmp = _temp_name(name)
+            os.close(os.open(tmp, _CREATE, 0o666, dir_fd=folder_fd))
+            try:
+                yield os.path.join(os.path.dirname(path), tmp)
+                fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=folder_fd)
+                raise
+
+    def open_lock(self, path: str) -> int:
+        """The output lock's file, opened (created when missing: mode 0666 less the umask) for reading and
+        writing, never through a symbolic link; a descriptor for fcntl.flock (store/lock.py)."""
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+
+    def names(self, path: str, fd: int) -> bool:
+        """Whether `path` still names the file open as `fd` (not a link to it: the entry itself)."""
+        try:
+            on_disk, ours = os.stat(path, follow_symlinks=False), os.fstat(fd)
+        except FileNotFoundError:
+            return False
+        return (on_disk.st_dev, on_disk.st_ino) == (ours.st_dev, ours.st_ino)
+
+    def probe_folder(self, folder: str, name: str) -> None:
+        """OSError unless `folder` takes a new file: an empty one named after `name` is created and removed."""
+        probe = os.path.join(folder, f".{name}.{_token()}.probe")
+        os.close(os.open(probe, _CREATE, 0o600))
+        os.unlink(probe)
+
+    def realpath(self, path: str) -> str:
+        """The path with every symbolic link resolved (as far as it exists, then by its text)."""
+        return os.path.realpath(path)
+
+    def local_path(self, path: str) -> str:
+        """The name a library that opens files by name (safetensors, numpy, pyarrow, PyAV) is given."""
+        return path
+
+
+def _token() -> str:
+    """Eight random hex digits (what secrets.token_hex(4) gives, without importing it before it is needed)."""
+    return os.urandom(4).hex()
+
+
+def _temp_name(name: str) -> str:
+    return f".{name}.{_token()}.tmp"
+
+
+@contextlib.contextmanager
+def _folder(path: str) -> Iterator[tuple[int, str]]:
+    """(descriptor of the folder `path` goes in, opened once, and the file's name in it): files created there and
+    renamed there stay in that folder however its path changes meanwhile."""
+    folder, name = os.path.split(path)
+    fd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield fd, name
+    finally:
+        os.close(fd)
