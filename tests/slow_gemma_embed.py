@@ -1,9 +1,11 @@
 """A test double of the `gemma-embed` command: the real CLI with its towers (or its model loading) slowed down.
 
-    python tests/slow_gemma_embed.py [--encode SECONDS] [--load SECONDS --loading-marker FILE [--release FILE]]
-        images DIR ...
+    python tests/slow_gemma_embed.py [--encode SECONDS] [--gate DIR]
+        [--load SECONDS --loading-marker FILE [--release FILE]] images DIR ...
 
-`--encode` sleeps before every device batch; `--load` sleeps while the model loads, after touching the marker
+`--encode` sleeps before every device batch; `--gate` holds device batch N (counted from 0 in this process)
+until the file DIR/N appears or a stop signal (SIGINT, SIGTERM) has come, so a test decides how far the run gets
+and that it is still running when signalled; `--load` sleeps while the model loads, after touching the marker
 file (so a test knows the process is loading); with `--release`, only until that file appears (so a test
 decides when the process goes on). Lets a test interrupt a real process at a chosen stage,
 deterministically, without test hooks in the package.
@@ -16,6 +18,7 @@ Under torchrun two environment variables shape a slow, uneven run:
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -34,6 +37,42 @@ def slow_down(seconds: float) -> None:
             return original(self, units, space)
 
         tower.encode = slow
+
+
+# A gate that is never opened lets its batch go after this long: a test that died must not leave its run behind.
+GATE_HANG_GUARD_S = 300.0
+
+
+def gate_batches(gate: Path) -> None:
+    """Hold device batch N until gate/N exists or a stop signal came (the run then stops after that batch)."""
+    from gemma_embed import interrupts
+
+    signalled: list[int] = []  # a plain list: the handler that sets the flag runs between the gate's sleeps
+
+    class SignalledFlag(interrupts.StopFlag):  # the run's stop flag, telling the gate when a signal has set it
+        @property
+        def signum(self):
+            return self._signum
+
+        @signum.setter
+        def signum(self, value):
+            self._signum = value
+            if value is not None:
+                signalled.append(value)
+
+    interrupts.StopFlag = SignalledFlag  # stop_on_signals makes its flags from the module's name
+    batches = itertools.count()
+    for tower in EncoderTower.__subclasses__():
+        original = tower.encode
+
+        def gated(self, units, space, original=original):
+            opened = gate / str(next(batches))
+            deadline = time.monotonic() + GATE_HANG_GUARD_S
+            while not opened.exists() and not signalled and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return original(self, units, space)
+
+        tower.encode = gated
 
 
 def slow_loading(seconds: float, marker: Path, release: Path | None = None) -> None:
@@ -65,6 +104,7 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--encode", type=float, default=0.0)
+    parser.add_argument("--gate", type=Path)
     parser.add_argument("--load", type=float, default=0.0)
     parser.add_argument("--loading-marker", type=Path)
     parser.add_argument("--release", type=Path)
@@ -72,6 +112,8 @@ if __name__ == "__main__":
     rank = os.environ.get("RANK", "0")
     if ours.encode and os.environ.get("SLOW_RANK", rank) == rank:
         slow_down(ours.encode)
+    if ours.gate is not None:
+        gate_batches(ours.gate)
     if ours.load:
         slow_loading(ours.load, ours.loading_marker, ours.release)
     if "SHORT_PG_TIMEOUT_S" in os.environ:
