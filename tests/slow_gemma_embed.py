@@ -1,13 +1,14 @@
 """A test double of the `gemma-embed` command: the real CLI with its towers (or its model loading) slowed down.
 
-    python tests/slow_gemma_embed.py [--encode SECONDS] [--gate DIR]
+    python tests/slow_gemma_embed.py [--encode SECONDS [--encode-after FILE]] [--gate DIR]
         [--load SECONDS --loading-marker FILE [--release FILE]] images DIR ...
 
-`--encode` sleeps before every device batch; `--gate` holds device batch N (counted from 0 in this process)
-until the file DIR/N appears or a stop signal (SIGINT, SIGTERM) has come, so a test decides how far the run gets
-and that it is still running when signalled; `--load` sleeps while the model loads, after touching the marker
-file (so a test knows the process is loading); with `--release`, only until that file appears (so a test
-decides when the process goes on). Lets a test interrupt a real process at a chosen stage,
+`--encode` sleeps before every device batch; with `--encode-after`, a batch first waits until FILE appears (such
+as another rank's manifest), so the sleep surely comes after that event. `--gate` holds device batch N (counted
+from 0 in this process) until the file DIR/N appears or a stop signal (SIGINT, SIGTERM) has come, so a test
+decides how far the run gets and that it is still running when signalled. `--load` sleeps while the model loads,
+after touching the marker file (so a test knows the process is loading); with `--release`, only until that file
+appears (so a test decides when the process goes on). Lets a test interrupt a real process at a chosen stage,
 deterministically, without test hooks in the package.
 Under torchrun two environment variables shape a slow, uneven run:
 - SLOW_RANK=R: only rank R sleeps (the others run at full speed);
@@ -27,20 +28,23 @@ from pathlib import Path
 
 from gemma_embed.models.base import EncoderTower
 
+# A gate never opened (or a file that never appears) lets its batch go after this long: a test that died must
+# not leave its run behind.
+GATE_HANG_GUARD_S = 300.0
 
-def slow_down(seconds: float) -> None:
+
+def slow_down(seconds: float, after: Path | None = None) -> None:
     for tower in EncoderTower.__subclasses__():
         original = tower.encode
 
         def slow(self, units, space, original=original):
+            deadline = time.monotonic() + GATE_HANG_GUARD_S
+            while after is not None and not after.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
             time.sleep(seconds)
             return original(self, units, space)
 
         tower.encode = slow
-
-
-# A gate that is never opened lets its batch go after this long: a test that died must not leave its run behind.
-GATE_HANG_GUARD_S = 300.0
 
 
 def gate_batches(gate: Path) -> None:
@@ -104,6 +108,7 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--encode", type=float, default=0.0)
+    parser.add_argument("--encode-after", type=Path)
     parser.add_argument("--gate", type=Path)
     parser.add_argument("--load", type=float, default=0.0)
     parser.add_argument("--loading-marker", type=Path)
@@ -111,7 +116,7 @@ if __name__ == "__main__":
     ours, rest = parser.parse_known_args()
     rank = os.environ.get("RANK", "0")
     if ours.encode and os.environ.get("SLOW_RANK", rank) == rank:
-        slow_down(ours.encode)
+        slow_down(ours.encode, ours.encode_after)
     if ours.gate is not None:
         gate_batches(ours.gate)
     if ours.load:
