@@ -32,6 +32,49 @@ PEAK_RSS_WRAPPER = textwrap.dedent("""
     print(json.dumps({"code": proc.returncode, "peak": peak, "stdout": proc.stdout, "stderr": proc.stderr[-2000:]}))
 """)
 
+# The command line in a child Python that says, when it exits, what it did on the way: whether it imported torch
+# or transformers (a command that fails "at once" fails before them; on a busy machine their import alone takes
+# seconds) and every address it tried to connect to. The report goes to a file of its own, so the command's
+# stdout and stderr stay exactly its own.
+REPORTING_CLI = textwrap.dedent("""
+    import atexit, json, socket, sys
+    report, argv = sys.argv[1], sys.argv[2:]
+    connects = []
+    real_connect = socket.socket.connect
+    def connect(self, address):
+        connects.append(list(address) if isinstance(address, tuple) else address)
+        return real_connect(self, address)
+    socket.socket.connect = connect
+    def write():
+        imported = [name for name in ("torch", "transformers") if sys.modules.get(name) is not None]
+        with open(report, "w") as out:
+            json.dump({"imported": imported, "connects": connects}, out)
+    atexit.register(write)
+    from gemma_embed.cli import main
+    sys.argv = ["gemma-embed", *argv]
+    main()
+""")
+
+
+def reporting_cli(*args, env: dict | None = None, timeout: float = 120):
+    """`gemma-embed ARGS` (REPORTING_CLI): its CompletedProcess (text) and its report, {"imported": [...],
+    "connects": [[host, port], ...]}."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:  # not beside the output: tests check what the run left there
+        report = Path(folder) / "report.json"
+        proc = subprocess.run(
+            [sys.executable, "-c", REPORTING_CLI, str(report), *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+        )
+        assert report.exists(), proc.stderr
+        return proc, json.loads(report.read_text())
+
+
 # Six aspect ratios, including the two extremes the issue names (1x1 and 4000x300).
 IMAGE_SIZES = {
     "one.png": (1, 1),

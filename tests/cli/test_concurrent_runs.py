@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import EXE, SAMPLE_MODEL, run_images, write_image
+from helpers import EXE, SAMPLE_MODEL, reporting_cli, run_images, write_image
 
 import gemma_embed
 
@@ -49,7 +49,7 @@ def _start_holder(tmp_path: Path, images: Path, out: Path, *flags: str, release:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 120  # only against a hang
     while not marker.exists():  # the lock is taken before loading starts
         assert holder.poll() is None, holder.stderr.read().decode()
         assert time.monotonic() < deadline, "the first run never started loading"
@@ -73,16 +73,18 @@ def test_a_second_run_into_a_busy_output_fails_at_once_naming_the_holder(tmp_pat
     try:
         assert (tmp_path / "out.lock").read_text() == f"{holder.pid} run\n"
         started = time.monotonic()
-        second = subprocess.run(
-            [EXE, "images", str(images), "-o", str(out), *OPTIONS, flag], capture_output=True, text=True, timeout=60
-        )
+        second, report = reporting_cli("images", images, "-o", out, *OPTIONS, flag, timeout=60)
         elapsed = time.monotonic() - started
         assert second.returncode == 2, second.stderr
         assert second.stderr.splitlines() == [
             f"error: {out}: another gemma-embed run (PID {holder.pid}) is writing this output; "
             f"wait for it to finish or choose another --output"
         ]
-        assert elapsed < 2.0, f"the second run took {elapsed:.2f} s to fail"
+        # At once, as docs/reliability.md promises: refused before torch is imported (the event that
+        # makes it quick), and, the user's view of it, within a bound far above a bare process start on a loaded
+        # 2-core machine and far below the wait for the holder (which holds until `release`, after this).
+        assert report["imported"] == []
+        assert elapsed < 15, f"the second run took {elapsed:.2f} s to fail"
         assert second.stdout == ""
     finally:
         release.touch()

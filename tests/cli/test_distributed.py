@@ -78,10 +78,10 @@ def test_torchrun_two_ranks_equals_single_process(tmp_path):
 
 
 def test_torchrun_ranks_never_time_out_on_uneven_work(tmp_path):
-    """One image, two ranks: rank 1 has no work at all and finishes at once; rank 0 is slowed (the real CLI with a
-    sleep before its encode) well past a 2-second process-group timeout configured in both processes. A rank that
-    waited on a torch.distributed group (the old gloo barrier) would time out and exit non-zero; the ranks must
-    instead both exit 0, and the index must join both slices."""
+    """One image, two ranks: rank 1 has no work at all and finishes at once; rank 0 is slowed (the real CLI whose
+    encode waits until rank 1 has written its manifest, then sleeps twice a 2-second process-group timeout
+    configured in both processes). A rank that waited on a torch.distributed group (the old gloo barrier) would time
+    out and exit non-zero; the ranks must instead both exit 0, and the index must join both slices."""
     folder = tmp_path / "images"
     folder.mkdir()
     write_image(folder / "only.png", 64, 48, seed=0)
@@ -91,7 +91,8 @@ def test_torchrun_ranks_never_time_out_on_uneven_work(tmp_path):
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     # fmt: off
     command = [
-        torchrun, "--standalone", "--nproc-per-node", "2", str(SLOW_EXE), "--encode", "6",
+        torchrun, "--standalone", "--nproc-per-node", "2", str(SLOW_EXE),
+        "--encode", "4", "--encode-after", str(store.manifest_path(store.slice_path(out, 1, 2))),
         "images", str(folder), "--model", str(MODEL), "-o", str(out), "--max-soft-tokens", "70", "--device", "cpu",
     ]
     # fmt: on

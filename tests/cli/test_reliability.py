@@ -199,11 +199,17 @@ def _same_output(a: Path, b: Path) -> None:
 
 
 def _start_and_stop(tmp_path, images, out, sig) -> subprocess.CompletedProcess:
+    """A run of the images stopped by `sig` after its first four items (two parts at --flush-every 2): its fifth
+    device batch is held (slow_gemma_embed.py --gate) until the signal comes, so it is running when signalled."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    for batch in range(4):
+        (gate / str(batch)).touch()
     args = [
         sys.executable,
         str(SLOW_EXE),
-        "--encode",
-        "0.4",
+        "--gate",
+        str(gate),
         "images",
         str(images),
         "--model",
@@ -219,7 +225,7 @@ def _start_and_stop(tmp_path, images, out, sig) -> subprocess.CompletedProcess:
     ]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     parts = out.with_name(out.name + ".parts")
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 120  # only against a hang
     while len(list(parts.glob("part-*.safetensors"))) < 2:
         assert proc.poll() is None, proc.stderr.read().decode()
         assert time.monotonic() < deadline, "no parts were flushed"

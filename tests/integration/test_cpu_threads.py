@@ -63,15 +63,19 @@ def test_one_thread_and_two_give_the_same_bits(wide_text_model, threads_seen, dt
 def test_a_busy_process_beside_the_run_takes_a_thread_away():
     cpus = os.sched_getaffinity(0)
     counts: list[int] = []
-    # The caller's count is every CPU of the affinity, so that one busy process must show as one fewer.
-    threads = CpuThreads(get=lambda: counts[-1] if counts else len(cpus), set_=counts.append)
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # The busy process says when its loop begins; the span measured starts after that (at CpuThreads()).
+    hog = subprocess.Popen(
+        [sys.executable, "-c", "print('busy', flush=True)\nwhile True: pass"], stdout=subprocess.PIPE
+    )
     try:
         os.sched_setaffinity(hog.pid, cpus)
+        assert hog.stdout.readline() == b"busy\n"
+        # The caller's count is every CPU of the affinity, so that one busy process must show as one fewer.
+        threads = CpuThreads(get=lambda: counts[-1] if counts else len(cpus), set_=counts.append)
         with threads.running():
-            time.sleep(0.2)  # the busy process is running by now
             threads.before_batch()  # nothing measured from a span this short
-            time.sleep(2 * threads.min_span_s)  # this process idle, the busy one on a core of its own
+            # The measured span: at least min_span_s, this process idle, the busy one on a core of its own.
+            time.sleep(2 * threads.min_span_s)
             chosen = threads.before_batch()
     finally:
         hog.kill()

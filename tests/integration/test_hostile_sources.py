@@ -28,9 +28,10 @@ PNG = (ROOT / "samples" / "media" / "images" / "pixel.png").read_bytes()
 NOT_OPENED = "not opened (--allow-outside-paths opens paths outside the table's folder)"
 
 
-def _listed(inputs, timeout: float = 5.0, **kwargs) -> list:
-    """iter_sources to the end in a thread, failing the test (not hanging it) past `timeout` seconds; what it
-    raises is raised here."""
+def _listed(inputs, timeout: float = 60.0, **kwargs) -> list:
+    """iter_sources to the end in a thread, failing the test (not hanging it) past `timeout` seconds (only against
+    a hang: a read of a FIFO or /dev/zero never ends; what is checked takes milliseconds); what it raises is raised
+    here."""
     found: list = []
     raised: list[BaseException] = []
 
@@ -223,9 +224,11 @@ def test_a_fifo_as_a_shard_and_dev_zero_as_a_table_fail_at_once_and_the_run_goes
     # The progress count (a second walk, in the background) does not wait on them either.
     counted = []
     collection = Collection("image")
-    counter = threading.Thread(target=lambda: counted.append(count_sources(inputs, "images", None, collection)))
+    counter = threading.Thread(
+        target=lambda: counted.append(count_sources(inputs, "images", None, collection)), daemon=True
+    )
     counter.start()
-    counter.join(5)
+    counter.join(60)  # only against a hang
     assert counted == [4]
 
 

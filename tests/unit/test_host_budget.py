@@ -86,13 +86,22 @@ def _reserve_in_thread(room, ticket, nbytes) -> threading.Event:
     return admitted
 
 
+def _until_waiting(room, *tickets) -> None:
+    """Until each ticket's thread waits in `reserve`: seen under the room's lock, it has found that it may not go
+    yet and sleeps until the room changes (reserve notifies when a ticket starts waiting). The timeout is only
+    against a hang."""
+    with room._cond:
+        assert room._cond.wait_for(lambda: set(tickets) <= room._waiting, timeout=60), room._waiting
+
+
 def test_an_item_waits_until_its_estimate_fits_beside_what_is_held():
     room = hostmem.DecodeRoom(100)
     room.reserve(0, 60)
     second = _reserve_in_thread(room, 1, 60)
-    assert not second.wait(0.2)  # 60 + 60 > 100
+    _until_waiting(room, 1)
+    assert not second.is_set()  # 60 + 60 > 100
     room.finish(0, 60, prepared_bytes=5)  # decoded: its estimate gives way to its prepared bytes
-    assert second.wait(5)
+    assert second.wait(60)
     assert room.held == 65 and room.peak_held <= 100
     room.finish(1, 60, prepared_bytes=5)
     room.release(10)  # the window of both is done with
@@ -104,18 +113,20 @@ def test_turns_go_in_input_order_so_a_small_item_never_takes_room_an_earlier_one
     room.reserve(0, 80)
     big = _reserve_in_thread(room, 1, 80)
     small = _reserve_in_thread(room, 2, 10)
-    assert not small.wait(0.2)  # 80 + 10 fits, but item 1 waits ahead of it
+    _until_waiting(room, 1, 2)
+    assert not small.is_set() and not big.is_set()  # 80 + 10 fits, but item 1 waits ahead of it
     room.finish(0, 80, prepared_bytes=0)
-    assert big.wait(5) and small.wait(5)
+    assert big.wait(60) and small.wait(60)
     assert room.held == 90
 
 
 def test_an_item_that_never_asks_passes_its_turn_on():
     room = hostmem.DecodeRoom(100)
     later = _reserve_in_thread(room, 1, 10)
-    assert not later.wait(0.2)  # ticket 0 has its turn
+    _until_waiting(room, 1)
+    assert not later.is_set()  # ticket 0 has its turn
     room.finish(0, None, prepared_bytes=0)  # a file that failed before its header was read
-    assert later.wait(5)
+    assert later.wait(60)
 
 
 # ------------------------------------------------------------------------------------------ through the stream
@@ -123,10 +134,13 @@ def test_an_item_that_never_asks_passes_its_turn_on():
 
 class FakeModality:
     """Decodes b"ESTIMATE/PREPARED" items: says ESTIMATE through hostmem.admit, as real decoders do, then holds a
-    PREPARED-byte tensor. Records which items decode at the same time."""
+    PREPARED-byte tensor. Records which items decode at the same time. With `meet`, the first `meet` decodes also
+    wait for each other before they end (a barrier: they can only end if that many decode at once)."""
 
-    def __init__(self, hold_s: float = 0.03):
+    def __init__(self, hold_s: float = 0.03, meet: int = 0):
         self.hold_s = hold_s
+        self.meeting = threading.Barrier(meet, timeout=60) if meet else None  # the timeout: only against a hang
+        self.started = 0
         self.lock = threading.Lock()
         self.now: dict[bytes, int] = {}  # decoding now -> its estimate
         self.overlaps: list[tuple[bytes, int]] = []  # (item, estimates of the items decoding beside it, summed)
@@ -138,6 +152,10 @@ class FakeModality:
         with self.lock:
             self.now[content] = estimate
             self.overlaps.append((content, sum(self.now.values())))
+            self.started += 1
+            meets = self.meeting is not None and self.started <= self.meeting.parties
+        if meets:
+            self.meeting.wait()
         time.sleep(self.hold_s)
         with self.lock:
             self.overlaps.append((content, sum(self.now.values())))
@@ -167,9 +185,10 @@ def test_workers_decode_together_only_while_their_estimates_fit():
     assert _keys(windows) == [s.key for s in sources]  # all of them, in input order
     assert all(p.error is None for w in windows for p in w)
     assert max(total for _, total in modality.overlaps) <= 900  # three fit in 1000, four never ran together
-    # Without the budget the same four workers decode four at once.
-    unbounded = FakeModality(hold_s=0.1)
-    list(prepared_stream(unbounded, _sources([(300, 0)] * 12), workers=4, window_items=100))
+    # Without the budget the same four workers decode four at once (the first four meet before they end).
+    unbounded = FakeModality(hold_s=0.0, meet=4)
+    windows = list(prepared_stream(unbounded, _sources([(300, 0)] * 12), workers=4, window_items=100))
+    assert all(p.error is None for w in windows for p in w)  # no decode's barrier broke
     assert max(total for _, total in unbounded.overlaps) > 900
 
 
@@ -207,7 +226,7 @@ def test_stopping_early_never_hangs_on_decodes_that_wait_for_room():
         finished.set()
 
     threading.Thread(target=consume_one_and_stop, daemon=True).start()
-    assert finished.wait(10)
+    assert finished.wait(60)  # only against a hang: a decode waiting for room that never comes
     assert len(modality.overlaps) < 40  # the queued items were never decoded
 
 

@@ -7,6 +7,7 @@ import fcntl
 import os
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -27,14 +28,22 @@ def hold(path: Path, content: str) -> int:
     return fd
 
 
-def test_a_held_output_is_refused_at_once_naming_the_holder(tmp_path):
+def never_waits(monkeypatch) -> None:
+    """The lock module's clock, with a sleep that fails the test: whatever it does, it does without waiting."""
+
+    def sleep(seconds: float) -> None:
+        raise AssertionError(f"the lock waited ({seconds} s)")
+
+    monkeypatch.setattr(lock, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
+
+
+def test_a_held_output_is_refused_at_once_naming_the_holder(tmp_path, monkeypatch):
     out = tmp_path / "out.safetensors"
     other = hold(tmp_path / "out.lock", "4242 run\n")
+    never_waits(monkeypatch)  # at once: one try of the flock, the holder's PID read, no wait in between
     try:
-        started = time.monotonic()
         with pytest.raises(UsageError) as caught, output_lock(out):
             pass
-        assert time.monotonic() - started < 0.5
         assert str(caught.value) == (
             f"{out}: another gemma-embed run (PID 4242) is writing this output; "
             f"wait for it to finish or choose another --output"
@@ -106,16 +115,28 @@ def test_a_lock_file_removed_between_open_and_flock_is_opened_again(tmp_path, mo
         os.close(newcomer[0])
 
 
-def test_a_merge_waits_for_another_merge_but_not_for_a_run(tmp_path):
+def test_a_merge_waits_for_another_merge_but_not_for_a_run(tmp_path, monkeypatch):
     out = tmp_path / "out.safetensors"
     merging = hold(tmp_path / "out.lock", "555 merge\n")
-    threading.Timer(0.3, os.close, [merging]).start()  # the other merge finishes soon
-    started = time.monotonic()
+    refused = []
+
+    def flock_until_the_other_merge_ends(fd, operation):
+        try:
+            return REAL_FLOCK(fd, operation)
+        except BlockingIOError:
+            refused.append(fd)
+            if len(refused) == 1:
+                os.close(merging)  # the other merge finishes while this one waits for it
+            raise
+
+    monkeypatch.setattr(lock.fcntl, "flock", flock_until_the_other_merge_ends)
     with output_lock(out, MERGE):
         assert (tmp_path / "out.lock").read_text() == f"{os.getpid()} merge\n"
-    assert time.monotonic() - started >= 0.25
+    assert len(refused) == 1  # it found the other merge holding the lock and took it once that one ended
+    monkeypatch.setattr(lock.fcntl, "flock", REAL_FLOCK)
 
     running = hold(tmp_path / "out.lock", "556 run\n")
+    never_waits(monkeypatch)  # and a run's lock is refused at once
     try:
         with (
             pytest.raises(UsageError, match=r"\(PID 556\) is writing this output; this slice"),
