@@ -19,6 +19,7 @@ import typer
 from gemma_embed import __version__
 from gemma_embed.config import Choice, Dtype, ExportFormat, RunConfig, option_of
 from gemma_embed.errors import GemmaEmbedError, UsageError
+from gemma_embed.serve.settings import ServeConfig
 
 
 class _Group(typer.core.TyperGroup):
@@ -114,11 +115,12 @@ def _is_choice(kind) -> bool:
     return isinstance(kind, type) and issubclass(kind, Choice)
 
 
-def _parameters(command: str) -> list[inspect.Parameter]:
-    """PATH plus one Typer option per RunConfig field that `command` takes, in the fields' order."""
-    hints = typing.get_type_hints(RunConfig)
-    parameters = [_paths(command)]
-    for f in dataclasses.fields(RunConfig):
+def _parameters(command: str, options=RunConfig) -> list[inspect.Parameter]:
+    """PATH plus one Typer option per RunConfig field that `command` takes, in the fields' order (another dataclass
+    of options, `options`: its fields alone)."""
+    hints = typing.get_type_hints(options)
+    parameters = [_paths(command)] if options is RunConfig else []
+    for f in dataclasses.fields(options):
         spec = option_of(f)
         if spec is None or command not in spec.commands:
             continue
@@ -299,6 +301,55 @@ def plan(**options) -> None:
 
 plan.__signature__ = inspect.Signature(_parameters("plan"))
 app.command("plan", cls=_Command)(plan)
+
+
+# The run options a server takes (their RunConfig declarations, as `images` shows them), before its own (ServeConfig).
+SERVE_RUN_OPTIONS = (
+    "model", "revision", "device", "dtype", "prompt_name", "prompt", "dim", "max_soft_tokens", "max_item_bytes",
+    "batch_size", "memory_budget", "cpu_threads", "workers", "quiet",
+)  # fmt: skip
+
+
+def serve(**options) -> None:
+    """Serve a model over HTTP: OpenAI's /v1/embeddings (batched across requests), /v1/search over outputs, and a
+    gallery page at /."""
+    import json
+
+    from gemma_embed.serve import serve as run_server
+
+    settings = ServeConfig(**{f.name: options.pop(f.name) for f in dataclasses.fields(ServeConfig)})
+    quiet = options["quiet"]
+    try:
+        config = RunConfig(modality="text", **options)
+        code = run_server(
+            config,
+            settings,
+            announce=lambda event: print(json.dumps(event, ensure_ascii=True), flush=True),
+            log=None if quiet else _print_line,
+        )
+    except UsageError as exc:
+        raise _fail(str(exc), 2) from None
+    except GemmaEmbedError as exc:
+        raise _fail(str(exc), 1) from None
+    raise typer.Exit(code)
+
+
+def _print_line(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (BrokenPipeError, ValueError):
+        pass
+
+
+def _serve_parameters() -> list[inspect.Parameter]:
+    shared = {p.name: p for p in _parameters("images") + _parameters("text")}
+    run_options = [shared[name] for name in SERVE_RUN_OPTIONS]
+    run_options[0] = run_options[0].replace(default=None)  # the model: --model, else the first --output's
+    return [*run_options, *_parameters("serve", ServeConfig)]
+
+
+serve.__signature__ = inspect.Signature(_serve_parameters())
+app.command("serve", cls=_Command)(serve)
 
 
 def _at_least_one(value: int) -> int:
