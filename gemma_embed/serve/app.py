@@ -194,12 +194,14 @@ def make_app(service: Service, metrics: Metrics, log: Callable[[str], None] | No
         return {"object": "list", "data": described}
 
     @app.get("/v1/outputs/{name}/items/{place}/thumbnail")
-    async def thumbnail(name: str, place: int):
+    async def thumbnail(name: str, place: str):
         import asyncio
 
         collection = service.collection(name)
+        if not place.isdigit():  # a place in the output, nothing else
+            raise ApiError(404, f"{name} has no item {place!r}", code="not_found")
         try:
-            picture = await asyncio.to_thread(collection.thumbnail, place)
+            picture = await asyncio.to_thread(collection.thumbnail, int(place))
         except Exception as exc:  # noqa: BLE001 - a missing or unreadable file: this item has no picture
             raise ApiError(404, f"item {place} of {name}: no picture ({' '.join(str(exc).split())})") from None
         if picture is None:

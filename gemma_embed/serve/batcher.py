@@ -261,9 +261,9 @@ class Batcher:
             self.observer.queued(self._admitted)
         self.observer.window(len(sources), len(jobs), seconds)
         for job in jobs:
-            if job.future.cancelled():
-                continue
-            if failure is not None:
+            if job.cancelled:  # its client went away while the window encoded: the rows are dropped
+                job.future.cancel()
+            elif failure is not None:
                 job.future.set_exception(failure)
             else:
                 job.future.set_result(job.results)

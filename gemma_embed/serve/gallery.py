@@ -26,6 +26,7 @@ SECURITY_HEADERS = {
 STATIC_TYPES = {
     "gallery.js": "text/javascript; charset=utf-8",
     "gallery.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
 }
 PAGE = "gallery.html"
 
