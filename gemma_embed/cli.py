@@ -320,10 +320,9 @@ def serve(**options) -> None:
     settings = ServeConfig(**{f.name: options.pop(f.name) for f in dataclasses.fields(ServeConfig)})
     quiet = options["quiet"]
     try:
-        config = RunConfig(modality="text", **options)
         code = run_server(
-            config,
             settings,
+            options,
             announce=lambda event: print(json.dumps(event, ensure_ascii=True), flush=True),
             log=None if quiet else _print_line,
         )

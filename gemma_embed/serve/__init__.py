@@ -30,10 +30,13 @@ def require_extra() -> None:
         )
 
 
-def serve(config, settings, announce: Callable[[dict], None], log: Callable[[str], None] | None = None) -> int:
-    """Serve `config`'s model (a RunConfig) with `settings` (a ServeConfig) until SIGTERM or Ctrl-C: 0 after a clean
-    stop. `announce` gets the machine-readable events, `log` the human lines (None: quiet)."""
+def serve(
+    settings, run_options: dict, announce: Callable[[dict], None], log: Callable[[str], None] | None = None
+) -> int:
+    """Serve a model with `settings` (a ServeConfig) until SIGTERM or Ctrl-C: 0 after a clean stop. `run_options`
+    are RunConfig fields (`model`, `device`, `dim`, ...); without `model`, the first output's. `announce` gets the
+    machine-readable events, `log` the human lines (None: quiet)."""
     require_extra()
     from gemma_embed.serve.server import run
 
-    return run(config, settings, announce, log)
+    return run(settings, run_options, announce, log)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from gemma_embed.serve import gallery
 from gemma_embed.serve.auth import key_matches
@@ -49,11 +50,14 @@ async def read_json(request: Request, limit: int):
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body is {declared} bytes, over the {limit} allowed", code="request_too_large")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"the request body is over the {limit} bytes allowed", code="request_too_large")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"the request body is over the {limit} bytes allowed", code="request_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone() from None
     try:
         return json.loads(b"".join(chunks))
     except (ValueError, UnicodeDecodeError):

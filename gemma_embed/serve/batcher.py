@@ -137,10 +137,18 @@ def item_key(job_number: int, index: int) -> str:
 
 class Batcher:
     """The queue and its worker thread. `setup()` runs first in the worker and returns the `Embedder` (loading the
-    model there); `ready` is set once it returned, `failure` holds what it raised instead."""
+    model there); `ready` is set once it returned, `failure` holds what it raised instead; then `on_ready(failure)`
+    is called."""
 
-    def __init__(self, setup: Callable[[], Any], capacity: int, observer: Observer | None = None):
+    def __init__(
+        self,
+        setup: Callable[[], Any],
+        capacity: int,
+        observer: Observer | None = None,
+        on_ready: Callable[[BaseException | None], None] | None = None,
+    ):
         self.capacity = int(capacity)
+        self._on_ready = on_ready  # told once `ready` is set: None, or what setup raised
         self.observer = observer or _NoObserver()
         self.ready = threading.Event()
         self.failure: BaseException | None = None
@@ -202,6 +210,12 @@ class Batcher:
     def close(self, timeout: float | None = None) -> bool:
         """Take no new job; jobs still waiting are refused (Closed); the window encoding now finishes. True when
         the worker ended within `timeout`."""
+        self._refuse_waiting()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _refuse_waiting(self) -> None:
         with self._lock:
             self._closing = True
             while self._pending:
@@ -209,9 +223,6 @@ class Batcher:
                 self._admitted -= job.size
                 job.future.set_exception(Closed("the server stopped before this request was encoded"))
             self._lock.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        return not self._thread.is_alive()
 
     def _retry_after(self) -> int:
         """Seconds until the items admitted now are likely answered, at the measured rate (1 before any)."""
@@ -225,10 +236,12 @@ class Batcher:
             self.embedder = self._setup()
         except BaseException as exc:  # noqa: BLE001 - reported by the server, which then stops
             self.failure = exc
-            self.close()
+        self.ready.set()
+        if self._on_ready is not None:
+            self._on_ready(self.failure)
+        if self.failure is not None:
+            self._refuse_waiting()
             return
-        finally:
-            self.ready.set()
         while True:
             with self._lock:
                 while not self._pending and not self._closing:

@@ -82,7 +82,7 @@ class Collection:
             "model": self.model,
             "modality": self.modality,
             "space": self.space,
-            "items": len(self._keys()),
+            "items": int(self._first_item[-1]),
             "text_queries": self.text_queries,
             "index": self.opened.record.get("kind") if self.opened is not None else None,
         }

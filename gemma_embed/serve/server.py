@@ -30,6 +30,7 @@ from gemma_embed.serve.service import Service
 from gemma_embed.serve.settings import ServeConfig
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -52,17 +53,18 @@ def _url(sock: socket.socket) -> str:
 
 
 def run(
-    config: RunConfig,
     settings: ServeConfig,
+    run_options: dict,
     announce: Callable[[dict], None],
     log: Callable[[str], None] | None = None,
 ) -> int:
-    """Serve `config`'s model (and `settings.outputs`) until stopped; 0 after a clean stop. `announce` gets the
+    """Serve the model `run_options` name (RunConfig fields; without `model`, the first output's) and
+    `settings.outputs` until stopped; 0 after a clean stop. `announce` gets the
     machine-readable events (listening, ready, stopped), `log` the human lines (access log, notes); None: quiet.
     UsageError: the server could not start (a missing extra, an unreadable output, a port in use, a model that
     cannot load)."""
     collections = open_collections(settings.outputs)
-    config = _with_model(config, collections)
+    config = _run_config(run_options, collections)
     metrics = Metrics()
     started = time.monotonic()
     server: _Server | None = None
@@ -96,6 +98,8 @@ def run(
     announce({"type": "listening", "url": url, "model": str(config.model), "outputs": list(collections)})
     if log is not None:
         log(f"note: serving {config.model} on {url} (loading the model)")
+        if settings.host not in LOOPBACK and settings.key() is None:
+            log(f"warning: listening on {settings.host} with no --api-key: anyone who reaches it can use it")
     try:
         server.run(sockets=[sock])
     finally:
@@ -111,17 +115,21 @@ def run(
     return 0
 
 
-def _with_model(config: RunConfig, collections: dict) -> RunConfig:
-    """--model, or else the model the first --output was made with (as `gemma-embed search` takes it)."""
-    import dataclasses
-
+def _run_config(run_options: dict, collections: dict) -> RunConfig:
+    """The run options with their model: --model, else the one the first --output was made with (as `gemma-embed
+    search` takes it); every output's model must be it."""
     from gemma_embed.search import check_query_settings
 
-    if config.model is None:
+    options = dict(run_options)
+    if options.get("model") is None:
         if not collections:
             raise UsageError("give --model ID|DIR, or --output OUT.safetensors to serve the model it was made with")
         first = next(iter(collections.values()))
-        config = dataclasses.replace(config, model=first.model, revision=first.header.get("revision") or None)
+        options.update(model=first.model, revision=options.get("revision") or first.header.get("revision") or None)
+    try:
+        config = RunConfig(modality="text", **options)  # each route sets its own command
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     for collection in collections.values():
         made = {"model": config.model, "revision": config.revision or ""}
         check_query_settings(

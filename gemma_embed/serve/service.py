@@ -56,8 +56,7 @@ class Service:
         self.refused: dict[str, str] = {}  # modality -> why this checkpoint cannot embed it
         self.query_prompt: str | None = None  # the checkpoint's `query` prompt, for text searches
         self.item_limit = config.collection.with_item_limit().max_item_bytes
-        self._on_ready = on_ready
-        self.batcher = Batcher(self._setup, settings.queue_size, observer)
+        self.batcher = Batcher(self._load, settings.queue_size, observer, on_ready)
 
     # ------------------------------------------------------------------------------------------ start, stop
     def start(self) -> None:
@@ -70,21 +69,9 @@ class Service:
     def close(self, timeout: float | None) -> bool:
         return self.batcher.close(timeout)
 
-    def _setup(self):
+    def _load(self):
         """In the worker thread: the Embedder, every command the checkpoint can run loaded, the collections'
         query settings checked."""
-        failure = None
-        try:
-            embedder = self._load()
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            if self._on_ready is not None:
-                self._on_ready(failure)
-        return embedder
-
-    def _load(self):
         from gemma_embed.config import Modality, Space
         from gemma_embed.embedder import Embedder
         from gemma_embed.models.registry import find_family

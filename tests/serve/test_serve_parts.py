@@ -297,3 +297,21 @@ def test_a_missing_extra_is_one_line_naming_it(monkeypatch):
     assert lines == [
         "error: serve needs gemma_embed_no_such_module, which is not installed: pip install 'gemma-embed[serve]'"
     ]
+
+
+def test_what_keeps_a_server_from_starting_is_one_line_before_it_listens(tmp_path):
+    import subprocess
+
+    from helpers import EXE
+
+    missing = tmp_path / "nothing.safetensors"
+    for args, words in [
+        (["--output", str(missing)], f"--output {missing}: "),
+        ([], "give --model ID|DIR, or --output OUT.safetensors"),
+        (["--model", "samples/tiny-embeddinggemma2", "--port", "70000"], "--port"),
+        (["--model", "samples/tiny-embeddinggemma2", "--queue-size", "0"], "--queue-size"),
+    ]:
+        result = subprocess.run([EXE, "serve", *args], capture_output=True, text=True, timeout=300)
+        lines = result.stderr.splitlines()
+        assert result.returncode == 2 and result.stdout == "", result.stderr
+        assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], lines
