@@ -70,6 +70,7 @@ def served(tmp_path_factory):
     )
     text = run_cli("text", str(lines), "--model", MODEL, "-o", str(texts_out))
     finish(images)
+    finish(run_cli("index", str(gallery), "--kind", "hnsw", "-q"))  # searched through faiss, as `search` does
     server = ServerProcess(
         "--model", MODEL, "--output", str(gallery), "--queue-size", str(QUEUE),
         "--max-item-bytes", "300KiB", "--max-request-bytes", "2MiB",
@@ -289,6 +290,13 @@ def test_search_by_text_image_and_vector_ranks_as_numpy_does(served, client):
     assert by_vector["data"][0]["key"] == keys[2] and by_vector["data"][0]["caption"] == "a square picture"
     assert call_json(server, "POST", "/v1/search", {"vector": [1.0, 2.0], "k": 1}, AUTH)[0] == 400  # wrong width
     assert call_json(server, "POST", "/v1/search", {"input": "x", "output": "nope"}, AUTH)[0] == 404
+    status, exact = call_json(server, "POST", "/v1/search", {"input": "a red square", "k": 2, "exact": True}, AUTH)
+    assert [hit["key"] for hit in exact["data"]] == [hit["key"] for hit in found["data"]]
+    status, listed = call_json(server, "GET", "/v1/outputs", headers=AUTH)
+    assert listed["data"] == [
+        {"name": "gallery", "model": MODEL, "modality": "images", "space": "retrieval", "items": 3,
+         "text_queries": True, "index": "hnsw"}
+    ]  # fmt: skip
 
 
 def test_thumbnails_are_only_the_collections_items(served):

@@ -24,6 +24,8 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 MODEL = str(ROOT / "samples" / "tiny-gemma4")
+CLIP = ROOT / "samples" / "media" / "video" / "clip-h264.mp4"
+CLIP_AUDIO = ROOT / "samples" / "media" / "audio" / "chirp-16k.wav"
 IMAGES = ["landscape.jpg", "portrait.png", "square.webp", "tall.png", "panorama.jpg"]
 TOLERANCE = 1e-6
 ROUNDS = 3
@@ -40,16 +42,23 @@ def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("overload")
     out = folder / "means.safetensors"
     inputs = [str(SAMPLE_IMAGES / name) for name in IMAGES]
-    reference = run_cli("images", *inputs, "--model", MODEL, "--pool", "mean", "-o", str(out), "-q")
+    outputs = {"images": (inputs, out), "video": ([str(CLIP)], folder / "v.safetensors")}
+    outputs["audio"] = ([str(CLIP_AUDIO)], folder / "a.safetensors")
+    references = [
+        (run_cli(kind, *paths, "--model", MODEL, "--pool", "mean", "-o", str(path), "-q"), path)
+        for kind, (paths, path) in outputs.items()
+    ]
     server = ServerProcess("--model", MODEL, "--queue-size", "4", "-q")
     try:
-        finish(reference)
         from safetensors import safe_open
 
-        with safe_open(str(out), "np") as fh:
-            keys = json.loads(fh.metadata()["keys"])
-            rows = fh.get_tensor("embeddings")
-        by_name = {key.rsplit("/", 1)[-1]: rows[i] for i, key in enumerate(keys)}
+        by_name = {}
+        for proc, path in references:
+            finish(proc)
+            with safe_open(str(path), "np") as fh:
+                keys = json.loads(fh.metadata()["keys"])
+                rows = fh.get_tensor("embeddings")
+            by_name.update({key.rsplit("/", 1)[-1]: rows[i] for i, key in enumerate(keys)})
         server.ready()
         yield server, by_name
     finally:
@@ -71,6 +80,20 @@ def test_a_soft_token_tower_serves_each_images_mean_row(served):
         client.embeddings.create(
             model=MODEL, input=[_data_url(IMAGES[0])], dimensions=8, extra_body={"modality": "image"}
         )
+
+
+def test_video_and_audio_by_data_url_give_the_command_lines_mean_rows(served):
+    server, expected = served
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    for path, kind in ((CLIP, "video"), (CLIP_AUDIO, "audio")):
+        url = f"data:{kind}/*;base64," + base64.b64encode(path.read_bytes()).decode()
+        answer = client.embeddings.create(model=MODEL, input=[url], extra_body={"modality": kind})
+        got = np.array(answer.data[0].embedding, dtype=np.float32)
+        assert np.abs(got - expected[path.name]).max() <= TOLERANCE, kind
+    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(CLIP_AUDIO.read_bytes()).decode()}}
+    status, answer = call_json(server, "POST", "/v1/embeddings", {"input": [part]})
+    assert status == 200
+    assert np.abs(np.array(answer["data"][0]["embedding"]) - expected[CLIP_AUDIO.name]).max() <= TOLERANCE
 
 
 def _round(server: ServerProcess) -> list[tuple[str, int, dict, object]]:
