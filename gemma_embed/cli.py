@@ -124,11 +124,18 @@ def _choice_of(kind) -> type[Choice] | None:
     return None
 
 
-def _parameters(command: str) -> list[inspect.Parameter]:
-    """One Typer option per declared option `command` takes (RunConfig's and InspectionOptions' fields), in the
-    help's panel order (config.PANELS), each panel in the fields' order."""
+def _panel_order(panel: str) -> int:
+    """A panel's place in the help: config.PANELS' order, a command's own panel (the server's) after them."""
+    return PANELS.index(panel) if panel in PANELS else len(PANELS)
+
+
+def _parameters(command: str, tables: tuple | None = None) -> list[inspect.Parameter]:
+    """One Typer option per declared option `command` takes (RunConfig's and InspectionOptions' fields, or those of
+    `tables`: the server's ServeConfig), in the help's panel order (config.PANELS; a panel of its own last), each
+    panel in the fields' order."""
     parameters = []
-    for f, hint, spec in sorted(declared_options(command), key=lambda d: PANELS.index(d[2].panel)):
+    declared = declared_options(command, tables or OPTION_TABLES)
+    for f, hint, spec in sorted(declared, key=lambda d: _panel_order(d[2].panel)):
         long_name = spec.long or "--" + f.name.replace("_", "-")
         kind = spec.cli_type or hint
         default = spec.cli_default if spec.cli_type else f.default
@@ -320,6 +327,61 @@ def _plan(modality: str, **options) -> None:
 
 
 _command("plan", "Dry run: device, free memory, buckets and chunk sizes; nothing is encoded.", _plan, [_paths("plan")])
+
+
+# ------------------------------------------------------------------------------------------ serve
+
+# The run options a server takes (their RunConfig declarations, as `images` and `text` show them), before its own
+# (serve/settings.py: ServeConfig).
+SERVE_RUN_OPTIONS = (
+    "model", "revision", "device", "dtype", "prompt_name", "prompt", "dim", "max_soft_tokens", "max_item_bytes",
+    "batch_size", "memory_budget", "cpu_threads", "workers", "quiet",
+)  # fmt: skip
+
+
+def _serve(**options) -> None:
+    import json
+
+    from gemma_embed.serve import serve as run_server
+    from gemma_embed.serve.settings import ServeConfig
+
+    settings = ServeConfig(**{f.name: options.pop(f.name) for f in dataclasses.fields(ServeConfig)})
+    code = run_server(
+        settings,
+        options,
+        announce=lambda event: print(json.dumps(event, ensure_ascii=True), flush=True),
+        log=None if options["quiet"] else _print_access_line,
+    )
+    raise typer.Exit(code)
+
+
+def _print_access_line(line: str) -> None:
+    from gemma_embed.terminal import printable
+
+    try:
+        print(printable(line), file=sys.stderr, flush=True)
+    except (BrokenPipeError, ValueError):
+        pass
+
+
+def _serve_parameters() -> list[inspect.Parameter]:
+    from gemma_embed.serve.settings import ServeConfig
+
+    shared = {p.name: p for p in _parameters("images") + _parameters("text")}
+    run_options = [shared[name] for name in SERVE_RUN_OPTIONS]
+    run_options[0] = run_options[0].replace(default=None)  # the model: --model, else the first --output's
+    return [*run_options, *_parameters("serve", (ServeConfig,))]
+
+
+def serve(**options) -> None:
+    """Serve a model over HTTP: OpenAI's /v1/embeddings (batched across requests), /v1/search over outputs, and a
+    gallery page at /."""
+    with _exits():
+        _serve(**options)
+
+
+serve.__signature__ = inspect.Signature(_serve_parameters())
+app.command("serve", cls=_Command)(serve)
 
 
 # ------------------------------------------------------------------------------------------ reading outputs

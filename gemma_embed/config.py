@@ -840,10 +840,11 @@ class InspectionOptions:
 OPTION_TABLES = (InspectionOptions, RunConfig)
 
 
-def declared_options(command: str) -> list[tuple[dataclasses.Field, Any, Option]]:
-    """(field, its type, its Option) of every option `command` takes, from both tables, in their order."""
+def declared_options(command: str, tables: tuple = OPTION_TABLES) -> list[tuple[dataclasses.Field, Any, Option]]:
+    """(field, its type, its Option) of every option `command` takes, from the tables (the two here, or a
+    command's own: the server's ServeConfig), in their order."""
     found = []
-    for table in OPTION_TABLES:
+    for table in tables:
         hints = typing.get_type_hints(table)
         for f in dataclasses.fields(table):
             spec = option_of(f)

@@ -667,23 +667,31 @@ def _media_html(hit: SearchHit, modality: str) -> str:
         return ""
     kind = modality or _guess_modality(hit.item)
     try:
-        if kind in ("images", "image"):
-            from gemma_embed.media.image import decode_image
-
-            return _img(decode_image(hit.path).image)
-        if kind == "video":
-            from PIL import Image
-
-            from gemma_embed.media.video import decode_frame
-
-            indices = hit.item.get("frame_indices") or [0]
-            frame = hit.frame if hit.frame is not None else len(indices) // 2  # pooled: the middle frame
-            return _img(Image.fromarray(decode_frame(hit.path, int(indices[frame]))))
         if kind == "audio":
             return f'<audio controls src="{_wav_uri(hit.path)}"></audio>'
+        picture = preview_image(hit.path, hit.item, hit.frame, kind)
+        return _img(picture) if picture is not None else ""
     except Exception as exc:  # noqa: BLE001 - a missing or unreadable file is shown, not fatal
         return f"<small>(unavailable: {html.escape(' '.join(str(exc).split()))})</small>"
-    return ""
+
+
+def preview_image(path: str, item: dict, frame: int | None = None, modality: str = ""):
+    """What a hit shows, as a PIL image: an image item's picture, a video item's frame (`frame`, or the middle
+    sampled one); None for other items. Raises the decoder's error for a missing or unreadable file."""
+    kind = modality or _guess_modality(item)
+    if kind in ("images", "image"):
+        from gemma_embed.media.image import decode_image
+
+        return decode_image(path).image
+    if kind == "video":
+        from PIL import Image
+
+        from gemma_embed.media.video import decode_frame
+
+        indices = item.get("frame_indices") or [0]
+        frame = frame if frame is not None else len(indices) // 2  # pooled: the middle frame
+        return Image.fromarray(decode_frame(path, int(indices[frame])))
+    return None
 
 
 def _guess_modality(item: dict) -> str:
@@ -696,12 +704,17 @@ def _guess_modality(item: dict) -> str:
     return ""
 
 
-def _img(image) -> str:
+def thumbnail_jpeg(image) -> bytes:
+    """A picture at most THUMBNAIL_PX on its longer side, as JPEG bytes (the page's and the server's thumbnails)."""
     image = image.convert("RGB")
     image.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX))
     buffer = io.BytesIO()
     image.save(buffer, format="JPEG", quality=80)
-    return f'<img alt="" src="data:image/jpeg;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
+    return buffer.getvalue()
+
+
+def _img(image) -> str:
+    return f'<img alt="" src="data:image/jpeg;base64,{base64.b64encode(thumbnail_jpeg(image)).decode()}">'
 
 
 def _wav_uri(path: str) -> str:

@@ -31,6 +31,29 @@ class PreparedItem:
     sequence: Any = None
 
 
+@dataclass(frozen=True)
+class TokenIds:
+    """A text given as token ids (the OpenAI embeddings API's token arrays): the text model's input ids as they are,
+    with no prompt, chat template or special tokens added. A text preparer that takes them checks each id against
+    the vocabulary and the length against the model's limit (`check_token_ids`)."""
+
+    ids: tuple[int, ...]
+
+
+def check_token_ids(given: TokenIds, vocab_size: int, max_length: int | None) -> list[int]:
+    """The ids as a list, or ValueError (the item's one-line reason): none, one outside the vocabulary (an
+    out-of-range embedding lookup is a device-side assert on CUDA), or more than the model takes."""
+    ids = list(given.ids)
+    if not ids:
+        raise ValueError("no token ids")
+    wrong = next((i for i in ids if not 0 <= i < vocab_size), None)
+    if wrong is not None:
+        raise ValueError(f"token id {wrong} is outside the vocabulary (0 to {vocab_size - 1})")
+    if max_length is not None and len(ids) > max_length:
+        raise ValueError(f"{len(ids)} token ids, over the {max_length} the model takes")
+    return ids
+
+
 class Tower(Protocol):
     """An encoder tower plus its projection into the language model's space."""
 

@@ -29,7 +29,7 @@ import functools
 import torch
 
 from gemma_embed.errors import CheckpointError, UsageError
-from gemma_embed.models.base import PreparedItem, Unit
+from gemma_embed.models.base import PreparedItem, TokenIds, Unit, check_token_ids
 from gemma_embed.models.loading import Checkpoint
 from gemma_embed.models.st_head import SentenceTextTower, token_batch
 from gemma_embed.models.st_inputs import (
@@ -102,6 +102,11 @@ class EmbeddingGemmaPreparer:
         }
 
     def prepare(self, text) -> PreparedItem:
+        if isinstance(text, TokenIds):  # the model's input ids as given: nothing added, every token pooled
+            limit = min(self.max_seq_length, int(self.checkpoint.config.max_position_embeddings))
+            ids = torch.tensor(check_token_ids(text, int(self.checkpoint.config.vocab_size), limit), dtype=torch.long)
+            unit = Unit(inputs={"input_ids": ids, "pool_from": 0}, length=int(ids.shape[0]), rows=1)
+            return PreparedItem(units=[unit], meta={"tokens": unit.length, "truncated_tokens": 0})
         if not isinstance(text, str):
             raise TypeError("a text item must be a str")
         full, pool_from = self._ids(text, truncation=False)

@@ -37,7 +37,7 @@ import torch
 
 from gemma_embed.config import Pool
 from gemma_embed.errors import CheckpointError, UsageError
-from gemma_embed.models.base import PreparedItem, Unit
+from gemma_embed.models.base import PreparedItem, TokenIds, Unit, check_token_ids
 from gemma_embed.models.gemma4 import resized_size, trim_vision_inputs
 from gemma_embed.models.gemma4_audio import gemma4_audio_rows
 from gemma_embed.models.loading import Checkpoint
@@ -130,6 +130,8 @@ class EmbeddingGemma2Preparer:
         }
 
     def prepare(self, decoded) -> PreparedItem:
+        if isinstance(decoded, TokenIds) and self.modality == "text":
+            return self._from_ids(decoded)
         value, rate, meta = _st_input(self.modality, decoded)
         out, pool_from = self.former.form(self.modality, value, self.prompt, sampling_rate=rate)
         mask = out["attention_mask"][0].bool()
@@ -151,6 +153,15 @@ class EmbeddingGemma2Preparer:
         item = PreparedItem(units=units, meta=meta, sequence=TokenSequence(ids, placeholders, pool_from))
         # Text has no tower: its one stage is the text model, whose unit is the sequence itself.
         return item if units else stage2_item(item, None)
+
+    def _from_ids(self, given: TokenIds) -> PreparedItem:
+        """A text given as token ids: the text model's input as it is (no prompt or template), every token pooled;
+        a placeholder id among them embeds as padding, as in a text with no media."""
+        text = self.checkpoint.config.text_config
+        limit = min(self.former.max_length, int(text.max_position_embeddings))
+        ids = torch.tensor(check_token_ids(given, int(text.vocab_size), limit), dtype=torch.long)
+        sequence = TokenSequence(ids, torch.zeros_like(ids, dtype=torch.bool), 0)
+        return stage2_item(PreparedItem(units=[], meta={"tokens": int(ids.shape[0])}, sequence=sequence), None)
 
     def _units(self, out) -> list[Unit]:
         if self.modality == "image":

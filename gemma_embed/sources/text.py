@@ -16,6 +16,7 @@ from typing import IO
 
 from gemma_embed.interrupts import responsive
 from gemma_embed.locations import NotRegularFile, location
+from gemma_embed.models.base import TokenIds
 from gemma_embed.sources.base import Collection, Source
 from gemma_embed.sources.expand import Collections
 from gemma_embed.sources.files import TEXT_EXTENSIONS, find_files, process_stdin, split_stream
@@ -104,8 +105,11 @@ def _binary(stream) -> IO[bytes]:
     return stream
 
 
-def decode_text(content: str | bytes) -> str:
-    """A line's bytes, or (--per-file) the file at a path, as text without trailing line breaks."""
+def decode_text(content: str | bytes | TokenIds) -> str | TokenIds:
+    """A line's bytes, or (--per-file) the file at a path, as text without trailing line breaks; token ids given
+    for a text (the server's token arrays) pass as they are, for the preparer."""
+    if isinstance(content, TokenIds):
+        return content
     if isinstance(content, bytes):
         data = content
     else:

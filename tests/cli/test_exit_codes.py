@@ -104,6 +104,7 @@ COMMANDS = {
     "inspect": ["inspect", "nope.safetensors"],
     "export": ["export", "nope.safetensors", "--to", "npy"],
     "models": ["models"],
+    "serve": ["serve", "--output", "nope.safetensors", "--port", "0"],
 }
 
 
