@@ -331,19 +331,12 @@ _command("plan", "Dry run: device, free memory, buckets and chunk sizes; nothing
 
 # ------------------------------------------------------------------------------------------ serve
 
-# The run options a server takes (their RunConfig declarations, as `images` and `text` show them), before its own
-# (serve/settings.py: ServeConfig).
-SERVE_RUN_OPTIONS = (
-    "model", "revision", "device", "dtype", "prompt_name", "prompt", "dim", "max_soft_tokens", "max_item_bytes",
-    "batch_size", "memory_budget", "cpu_threads", "workers", "quiet",
-)  # fmt: skip
-
 
 def _serve(**options) -> None:
     import json
 
+    from gemma_embed.config import ServeConfig
     from gemma_embed.serve import serve as run_server
-    from gemma_embed.serve.settings import ServeConfig
 
     settings = ServeConfig(**{f.name: options.pop(f.name) for f in dataclasses.fields(ServeConfig)})
     code = run_server(
@@ -364,15 +357,6 @@ def _print_access_line(line: str) -> None:
         pass
 
 
-def _serve_parameters() -> list[inspect.Parameter]:
-    from gemma_embed.serve.settings import ServeConfig
-
-    shared = {p.name: p for p in _parameters("images") + _parameters("text")}
-    run_options = [shared[name] for name in SERVE_RUN_OPTIONS]
-    run_options[0] = run_options[0].replace(default=None)  # the model: --model, else the first --output's
-    return [*run_options, *_parameters("serve", (ServeConfig,))]
-
-
 def serve(**options) -> None:
     """Serve a model over HTTP: OpenAI's /v1/embeddings (batched across requests), /v1/search over outputs, and a
     gallery page at /."""
@@ -380,7 +364,7 @@ def serve(**options) -> None:
         _serve(**options)
 
 
-serve.__signature__ = inspect.Signature(_serve_parameters())
+serve.__signature__ = inspect.Signature(_parameters("serve"))
 app.command("serve", cls=_Command)(serve)
 
 

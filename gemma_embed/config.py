@@ -228,12 +228,13 @@ EMBED = (*MEDIA, "text")  # the commands that embed and write an output
 PLAN = ("plan",)
 # The commands that read an output (and `models`): their own options are `InspectionOptions`' fields; the ones
 # they share with the embed commands (--model, --device, -o, --quiet...) are RunConfig's, declared once there.
-SEARCH, INDEX, INSPECT, EXPORT, MODELS = "search", "index", "inspect", "export", "models"
+SEARCH, INDEX, INSPECT, EXPORT, MODELS, SERVE = "search", "index", "inspect", "export", "models", "serve"
 
 # Help panels, in the order `--help` shows them.
 INPUT, MODEL, OUTPUT, PERFORMANCE, ROBUSTNESS = "Input", "Model", "Output", "Performance", "Robustness"
 RETRIEVAL = "Retrieval"
-PANELS = (INPUT, MODEL, RETRIEVAL, OUTPUT, PERFORMANCE, ROBUSTNESS)
+SERVER = "Server"  # the server's own options
+PANELS = (INPUT, MODEL, RETRIEVAL, OUTPUT, PERFORMANCE, ROBUSTNESS, SERVER)
 
 # The part of a run each RunConfig option changes (`Option.stage`), in the order an item meets them: which command
 # runs (`--modality`: every part), which items are found, the model an Embedder loads once (checkpoint, device,
@@ -401,7 +402,7 @@ class RunConfig:
     max_soft_tokens: int | None = option(
         None,
         "70, 140, 280, 560 or 1120 per image or frame (default: the checkpoint's processor's).",
-        commands=("images", "video", "plan"),
+        commands=("images", "video", "plan", SERVE),
         help_by_command=(
             ("images", "70/140/280/560/1120 per image (default: the checkpoint's)."),
             ("video", "70/140/280/560/1120 per frame (default: the checkpoint's)."),
@@ -474,7 +475,7 @@ class RunConfig:
     max_item_bytes: int | None = option(
         None,
         "Item size cap (default: budget/4).",
-        commands=MEDIA + PLAN,
+        commands=MEDIA + PLAN + (SERVE,),
         panel=ROBUSTNESS,
         cli_type=str,
         parse=parse_item_bytes,
@@ -493,8 +494,11 @@ class RunConfig:
     model: str | None = option(
         None,
         "Hub id or local checkpoint folder.",
-        commands=EMBED + PLAN + (SEARCH,),
-        help_by_command=((SEARCH, "Default: the index's model (another is refused)."),),
+        commands=EMBED + PLAN + (SEARCH, SERVE),
+        help_by_command=(
+            (SEARCH, "Default: the index's model (another is refused)."),
+            (SERVE, "Default: the first --output's model."),
+        ),
         panel=MODEL,
         check=model_argument,
         metavar="ID|DIR",
@@ -504,7 +508,7 @@ class RunConfig:
     revision: str | None = option(
         None,
         "Hub revision: branch, tag or commit.",
-        commands=EMBED + PLAN,
+        commands=EMBED + PLAN + (SERVE,),
         panel=MODEL,
         metavar="REV",
         stage=LOAD,
@@ -512,7 +516,7 @@ class RunConfig:
     device: str = option(
         "auto",
         "auto, cpu, cuda, cuda:N or mps.",
-        commands=EMBED + PLAN + (SEARCH,),
+        commands=EMBED + PLAN + (SEARCH, SERVE),
         panel=MODEL,
         check=device_name,
         metavar="DEV",
@@ -521,7 +525,7 @@ class RunConfig:
     dtype: Dtype = option(
         Dtype.auto,
         "auto, float32, bfloat16 or float16 (auto: the checkpoint's where fast).",
-        commands=EMBED + PLAN + (SEARCH,),
+        commands=EMBED + PLAN + (SEARCH, SERVE),
         panel=MODEL,
         metavar="DTYPE",
         stage=LOAD,
@@ -537,7 +541,7 @@ class RunConfig:
     prompt_name: str | None = option(
         None,
         "A named prompt of the checkpoint's.",
-        commands=EMBED + PLAN + (SEARCH,),
+        commands=EMBED + PLAN + (SEARCH, SERVE),
         help_by_command=(
             (SEARCH, "The query's named prompt (default: its family's query prompt, see gemma-embed models)."),
         ),
@@ -548,7 +552,7 @@ class RunConfig:
     prompt: str | None = option(
         None,
         "This prompt before each item.",
-        commands=EMBED + PLAN + (SEARCH,),
+        commands=EMBED + PLAN + (SEARCH, SERVE),
         help_by_command=((SEARCH, "This prompt before each query instead."),),
         panel=RETRIEVAL,
         metavar="TEXT",
@@ -557,7 +561,7 @@ class RunConfig:
     dim: int | None = option(
         None,
         "Keep N dimensions, renormalised.",
-        commands=EMBED + PLAN,
+        commands=EMBED + PLAN + (SERVE,),
         panel=RETRIEVAL,
         check=at_least(1),
         metavar="N",
@@ -631,7 +635,7 @@ class RunConfig:
     quiet: bool = option(
         False,
         "Nothing on stderr.",
-        commands=EMBED + PLAN + (INDEX,),
+        commands=EMBED + PLAN + (INDEX, SERVE),
         help_by_command=((INDEX, "No progress notes."),),
         panel=OUTPUT,
         flags=("-q",),
@@ -641,7 +645,7 @@ class RunConfig:
     batch_size: int | None = option(
         None,
         "Units per device batch; auto: the fastest.",
-        commands=EMBED + PLAN,
+        commands=EMBED + PLAN + (SERVE,),
         panel=PERFORMANCE,
         cli_type=str,
         cli_default="auto",
@@ -652,7 +656,7 @@ class RunConfig:
     memory_budget: BudgetSpec = option(
         BudgetSpec(),
         "2GiB, 512MiB or 30% of the device (default: min(free/2, total/10)).",
-        commands=EMBED + PLAN,
+        commands=EMBED + PLAN + (SERVE,),
         panel=PERFORMANCE,
         cli_type=str,
         cli_default=None,
@@ -663,7 +667,7 @@ class RunConfig:
     cpu_threads: int | None = option(
         None,
         "CPU model threads; auto: free cores.",
-        commands=EMBED,
+        commands=EMBED + (SERVE,),
         panel=PERFORMANCE,
         cli_type=str,
         cli_default="auto",
@@ -674,7 +678,7 @@ class RunConfig:
     workers: int = option(
         2,
         "Decode and preprocessing threads.",
-        commands=EMBED + PLAN,
+        commands=EMBED + PLAN + (SERVE,),
         panel=PERFORMANCE,
         check=at_least(1),
         metavar="N",
@@ -837,7 +841,101 @@ class InspectionOptions:
 
 
 # Every option of every command, in the order `--help` lists them within a panel (a command's own first).
-OPTION_TABLES = (InspectionOptions, RunConfig)
+# ------------------------------------------------------------------------------------------ the server's
+
+# `gemma-embed serve`'s own options (how it listens, whom it answers, how much it holds); the model it serves is
+# described by the RunConfig fields whose commands include SERVE. Pure: no fastapi, no torch.
+API_KEY_VARIABLE = "GEMMA_EMBED_API_KEY"  # the key when --api-key is not given (kept out of `ps` and shell history)
+MIB = 1 << 20
+
+
+def parse_outputs(value: Iterable[str | os.PathLike | Location] | None) -> tuple[Location, ...]:
+    """--output, repeated: the outputs to search and show, in the order given (locations of the seam)."""
+    return tuple(location(v) for v in (value or ()))
+
+
+def port_number(value: int) -> None:
+    if not 0 <= int(value) <= 65535:
+        raise ValueError(f"must be 0 (any free port) to 65535, got {value}")
+
+
+def request_size(value: str | int | None) -> int:
+    parsed = parse_item_bytes(value)
+    if parsed is None:
+        raise ValueError("give a size like 64MiB")
+    return parsed
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How the server listens, whom it answers and how much it holds; the model is a RunConfig's."""
+
+    outputs: tuple[Location, ...] = option(
+        (),
+        "An output to search and show in the gallery (repeat).",
+        commands=(SERVE,),
+        panel=SERVER,
+        long="--output",
+        flags=("-o",),
+        cli_type=list[str] | None,
+        parse=parse_outputs,
+        metavar="FILE",
+    )
+    host: str = option(
+        "127.0.0.1", "Address to listen on (0.0.0.0: every interface).", commands=(SERVE,), panel=SERVER, metavar="ADDR"
+    )
+    port: int = option(
+        8000, "Port (0: any free port, announced).", commands=(SERVE,), panel=SERVER, check=port_number, metavar="PORT"
+    )
+    api_key: str | None = option(
+        None,
+        f"Require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_VARIABLE}).",
+        commands=(SERVE,),
+        panel=SERVER,
+        metavar="KEY",
+    )
+    queue_size: int = option(
+        1024,
+        "Items waiting or encoding at most; a request beyond gets 429.",
+        commands=(SERVE,),
+        panel=SERVER,
+        check=at_least(1),
+        metavar="N",
+    )
+    max_request_bytes: int = option(
+        64 * MIB,
+        "Largest request body (data: URLs included).",
+        commands=(SERVE,),
+        panel=SERVER,
+        cli_type=str,
+        cli_default="64MiB",
+        parse=request_size,
+        metavar="SIZE",
+    )
+    grace: float = option(
+        30.0,
+        "Seconds in-flight requests get to finish after SIGTERM or Ctrl-C.",
+        commands=(SERVE,),
+        panel=SERVER,
+        check=at_least(0),
+        metavar="S",
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outputs", parse_outputs(self.outputs))
+        object.__setattr__(self, "max_request_bytes", request_size(self.max_request_bytes))
+        for name, check in (("port", port_number), ("queue_size", at_least(1)), ("grace", at_least(0))):
+            try:
+                check(getattr(self, name))
+            except ValueError as exc:
+                raise ValueError(f"--{name.replace('_', '-')}: {exc}") from None
+
+    def key(self) -> str | None:
+        """The API key: --api-key, else the environment's; None (or empty): no key asked for."""
+        return self.api_key or os.environ.get(API_KEY_VARIABLE) or None
+
+
+OPTION_TABLES = (InspectionOptions, RunConfig, ServeConfig)
 
 
 def declared_options(command: str, tables: tuple = OPTION_TABLES) -> list[tuple[dataclasses.Field, Any, Option]]:

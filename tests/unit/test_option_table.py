@@ -36,17 +36,30 @@ def test_a_command_parses_exactly_the_options_declared_for_it(command):
     assert parsed - NOT_DECLARED == declared
 
 
+# A name two declarations share, each for commands the other has not: `serve --output` is repeated (the outputs
+# it searches), an embed command's or export's `--output` the one file it writes.
+SHARED_NAMES = {
+    ("--output", "RunConfig.output", "ServeConfig.outputs"),
+    ("-o", "RunConfig.output", "ServeConfig.outputs"),
+}
+
+
 def test_each_option_is_declared_once():
-    names: dict[str, str] = {}
+    names: dict[str, tuple[str, tuple[str, ...]]] = {}
     for table in config.OPTION_TABLES:
         for f in dataclasses.fields(table):
             spec = config.option_of(f)
             if spec is None:
                 continue
+            here = f"{table.__name__}.{f.name}"
             for name in (long_name(f, spec), *spec.flags, *spec.aliases):
                 # -k (search's --top) and -q (--quiet) are each one option's, -o --output's, -0 --null's
-                assert name not in names, f"{name}: declared by {names[name]} and {table.__name__}.{f.name}"
-                names[name] = f"{table.__name__}.{f.name}"
+                if name in names:
+                    first, commands = names[name]
+                    assert (name, first, here) in SHARED_NAMES, f"{name}: declared by {first} and {here}"
+                    assert not set(commands) & set(spec.commands), f"{name}: one command takes {first} and {here}"
+                    continue
+                names[name] = (here, spec.commands)
 
 
 def test_the_shared_options_are_runconfig_fields_not_inspection_ones():
