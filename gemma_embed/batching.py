@@ -2,15 +2,18 @@
 
 - Exact buckets (vision): only units with the same patch count share a batch, so no padding patch is computed
   and attention needs no mask.
-- Ragged groups (text, audio): sorted by length, longest first, then cut into batches by `BatchPlan`: the
-  cheapest cut of the sorted lengths (padding plus a fixed cost per batch), within a row limit per length and a
-  padding cap. Equal lengths share a batch with no padding token wherever that is as cheap.
+- Ragged groups (text, audio): each unit is padded to `padded_length` of its own length, a fixed ladder (four
+  rungs an octave, multiples of 4), and only units on the same rung share a batch; engine.py cuts each group
+  within the memory plan's and the tuner's row limit. A unit's padded length, and so its bytes, never depend on
+  which other units came with it, how the tuner sized the batches or how many threads ran them: attention's
+  sums depend on the padded length (the same text padded to another length gives another float32 vector in its
+  last bits), while batch size and thread count leave them alone once GEMM rows and elementwise kernels are
+  aligned (numerics.py).
 """
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -30,91 +33,30 @@ def exact_buckets(lengths: Sequence[int]) -> list[Group]:
     return [Group(tuple(ix), length) for length, ix in buckets.items()]
 
 
+def padded_length(length: int) -> int:
+    """The ladder's rung for a unit of this length: the next multiple of a power-of-two step, at least 4 and an
+    eighth of the octave's start, so padding adds under 25% from 13 on (the cap the batch plan kept before the
+    ladder; at most 3 units below) and every batch's B x rung rows are a multiple of 4 (the GEMM alignment)."""
+    length = max(1, int(length))
+    step = 4
+    while step * 8 <= length:  # rungs at 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, ...: four an octave
+        step *= 2
+    return -(-length // step) * step
+
+
+def padded_buckets(lengths: Sequence[int]) -> list[Group]:
+    """One group per rung of `padded_length`, longest rung first; indices longest first (ties in input order)
+    inside each, so the longest units lead and the memory plan meets the worst case first."""
+    buckets: dict[int, list[int]] = {}
+    for index in sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i)):
+        buckets.setdefault(padded_length(lengths[index]), []).append(index)
+    return [Group(tuple(ix), rung) for rung, ix in sorted(buckets.items(), key=lambda item: -item[0])]
+
+
 def longest_first(lengths: Sequence[int]) -> list[Group]:
-    """One group of every unit, longest first (ties in input order), padded to the longest: `BatchPlan` cuts it."""
+    """One group of every unit, longest first (ties in input order), padded to the longest's rung: the tests'
+    way to put units of any lengths in one batch and check a tower's padding against each unit alone."""
     if not lengths:
         return []
     order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
     return [Group(tuple(order), int(lengths[order[0]]))]
-
-
-class BatchPlan:
-    """The cheapest way to cut a sorted group (lengths longest first) into batches: each batch is a run of the
-    group, padded to its first length, at most `rows_at(length)` rows, and wastes at most `max_padding_fraction` of
-    its tokens on padding. A batch costs its padded work plus `overhead` (the fixed cost of a forward: kernel
-    launches, Python, a GEMM too small to run well, in units of work); the plan minimises the summed cost, so equal
-    lengths share a batch with no padding wherever that is as cheap, and short runs join their neighbours where a
-    small batch would cost more than their padding.
-
-    `next_cut(i)`: where the batch starting at position i ends, in the cheapest plan of everything from i on (a
-    suffix's best plan does not depend on what came before, so batches of another plan may have run first).
-    Only batch ends at a change of length, at the row limit, or at the padding limit inside a run are candidates:
-    the cost is linear between them."""
-
-    def __init__(
-        self, lengths: Sequence[int], rows_at: Callable[[int], int], overhead: float, max_padding_fraction: float
-    ):
-        self.lengths = [int(x) for x in lengths]
-        self.rows_at = rows_at
-        self.overhead = float(overhead)
-        self.keep = 1.0 - max_padding_fraction - 1e-12  # the share of a batch's tokens that must be real
-        self.prefix = [0]
-        for length in self.lengths:
-            self.prefix.append(self.prefix[-1] + length)
-        n = len(self.lengths)
-        self.changes = [i for i in range(1, n) if self.lengths[i] != self.lengths[i - 1]] + [n]
-        self.best: dict[int, tuple[float, int]] = {n: (0.0, n)}  # position -> (cost of the rest, end of its batch)
-
-    def _fits(self, start: int, end: int) -> bool:
-        return self.prefix[end] - self.prefix[start] >= self.keep * (end - start) * self.lengths[start]
-
-    def _ends(self, start: int) -> list[int]:
-        """Where a batch from `start` may end: each change of length before the row limit, the row limit, and the
-        last end the padding cap admits (padding grows with every shorter unit taken)."""
-        head = self.lengths[start]
-        limit = min(len(self.lengths), start + max(1, int(self.rows_at(head))))
-        ends: list[int] = []
-        low = start + 1  # one unit always fits
-        for change in self.changes[bisect.bisect_right(self.changes, start) :]:
-            end = min(change, limit)
-            if not self._fits(start, end):
-                high = end  # the last end that fits lies in [low, end): bisect it
-                while high - low > 1:
-                    middle = (low + high) // 2
-                    low, high = (middle, high) if self._fits(start, middle) else (low, middle)
-                if not ends or low > ends[-1]:
-                    ends.append(low)
-                break
-            ends.append(end)
-            if end == limit:
-                break
-            low = end
-        return ends
-
-    def next_cut(self, start: int) -> int:
-        stack = [start]
-        while stack:
-            position = stack[-1]
-            if position in self.best:
-                stack.pop()
-                continue
-            ends = self._ends(position)
-            missing = [end for end in ends if end not in self.best]
-            if missing:
-                stack.extend(missing)
-                continue
-            head = self.lengths[position]
-            self.best[position] = min(
-                ((end - position) * head + self.overhead + self.best[end][0], end) for end in ends
-            )
-            stack.pop()
-        return self.best[start][1]
-
-    def cuts(self) -> list[int]:
-        """The batch sizes of the whole group, in order."""
-        sizes, position = [], 0
-        while position < len(self.lengths):
-            end = self.next_cut(position)
-            sizes.append(end - position)
-            position = end
-        return sizes

@@ -2,10 +2,9 @@
 with out-of-memory back-off, and give every item its rows back.
 
 Batches are sized in work (the units' padded length summed: tokens, patches, mel frames), not in a count: a
-batch holds `work // length` units of its longest length, at most what the memory plan admits at that length, and
-the work per batch is tuned once per stage (tuning.py). Ragged groups (text, audio) are sorted longest first and
-each batch is cut from the head (`batching.next_batch`): equal lengths together where the stream has enough of them
-(no padding token), otherwise padding within `RAGGED_MAX_PADDING`."""
+batch holds `work // length` units of its group's length, at most what the memory plan admits at that length, and
+the work per batch is tuned once per stage (tuning.py). A group is one exact length (vision) or one rung of the
+padding ladder (text, audio: batching.padded_length), so a unit computes at the same length in any batch."""
 
 from __future__ import annotations
 
@@ -16,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gemma_embed import hostmem, memory
-from gemma_embed.batching import BatchPlan, Group, exact_buckets, longest_first
+from gemma_embed import hostmem, memory, numerics
+from gemma_embed.batching import Group, exact_buckets, padded_buckets, padded_length
 from gemma_embed.cpu_threads import CpuThreads
 from gemma_embed.device import DeviceOps
 from gemma_embed.errors import DeviceError, ItemError
@@ -32,15 +31,6 @@ RowsCallback = Callable[[int, ItemRows], None]
 # (bench_text.py, 4096-token batches): 11.3% padding in 31 batches with windows of 4 batches' tokens, 7.0% in 19
 # with 16 (as with the whole corpus in one window). A prepared text or clip is small; an image's pixels are not.
 WINDOW_BATCHES = {"exact": 4, "ragged": 16}
-# A ragged batch (text, audio) pads its shorter units to its longest wasting at most this share of its tokens or
-# frames (within that, the batch plan weighs padding against the cost of one more batch).
-RAGGED_MAX_PADDING = 0.25
-# The fixed cost of one forward, as a share of the tuned work a batch: the batch plan pads a short run into its
-# neighbours' batch when that padding costs less. Measured on 2 shared cores (text model hidden 512 x 8 layers,
-# float32): one 16-token sequence took 150-240 ms, a batch of 4096 tokens 7-10 s, so a forward costs about 64-110
-# tokens of work beside its tokens, and small batches run their GEMMs far below the large ones' rate (64 tokens
-# alone: 4x the time a token of a 4096-token batch takes); 1/32 of the CPU's 8192 is 256.
-BATCH_OVERHEAD = 1 / 32
 
 
 @dataclass(frozen=True)
@@ -128,9 +118,9 @@ class Engine:
         return ChunkPlan(length, cost, free, total, budget, memory.chunk_size(cost, budget, self.batch_cap))
 
     def grouping(self) -> Callable[[list[int]], list[Group]]:
-        """How units may share a batch: equal lengths only (vision), or one group sorted longest first (text,
-        audio) that `run` cuts into batches padded within `RAGGED_MAX_PADDING`."""
-        return exact_buckets if self.tower.grouping == "exact" else longest_first
+        """How units may share a batch: equal lengths only (vision), or equal rungs of the padding ladder (text,
+        audio: batching.padded_length), so no unit's bytes depend on its batch."""
+        return exact_buckets if self.tower.grouping == "exact" else padded_buckets
 
     def padding_share(self) -> float:
         """The share of the work computed so far that was padding."""
@@ -164,7 +154,8 @@ class Engine:
         before = ops.allocated()
         # On the CPU the forward's activations are host memory: reused from the heap, not faulted in (hostmem.py).
         heap = hostmem.heap_only() if self.tower.device.type == "cpu" else contextlib.nullcontext()
-        with heap, torch.inference_mode():
+        # Kernels aligned so that the thread count (which follows the machine's load) never changes a byte.
+        with heap, torch.inference_mode(), numerics.aligned(self.tower.device):
             on_device = self.tower.encode(batch, self.space)
             rows = on_device.to("cpu")
             del on_device
@@ -200,28 +191,24 @@ class Engine:
         )
 
     def run(self, units: list[Unit], group: Group, keys: list[str], on_rows: RowsCallback) -> None:
-        """Encode the group's units (sorted longest first when ragged) in the batches `BatchPlan` cuts, each at
-        most what the memory plan admits at its own longest length. After every batch, `on_rows(index, rows)`
+        """Encode the group's units in batches of the tuned work (or --batch-size), each at most what the memory
+        plan admits at the group's length. After every batch, `on_rows(index, rows)`
         receives each unit's rows on the CPU, or its failure, so finished items can leave at once."""
         if self.reporter:
             plan = self.plan(group.length)
             self.reporter.chunk_planned(plan, len(group.indices))
             self._warn_if_budget_below_one_unit(plan)
         indices = group.indices
-        lengths = [units[i].length for i in indices]
-        max_padding = RAGGED_MAX_PADDING if self.tower.grouping != "exact" else 0.0
         backoff: int | None = None  # after an out-of-memory error: the work a batch of this group may hold
-        plans: dict[tuple, BatchPlan] = {}
         position = 0
         while position < len(indices):
             self.should_stop()
-            head = lengths[position]
+            head = group.length  # every unit computes at it: equal (exact) or padded to its rung (ragged)
             rows = self._memory_rows(head, backoff)
             target = self.tuner.size(rows * max(1, head)) if self.tuner else None
-            key = (target, backoff, self.cost_scale)  # a plan holds while its limits do
-            if key not in plans:
-                plans[key] = self._batch_plan(lengths, target, backoff, max_padding)
-            end = plans[key].next_cut(position)
+            if target is not None:
+                rows = min(rows, max(1, target // max(1, head)))
+            end = min(len(indices), position + rows)
             batch_ix = indices[position:end]
             batch = [units[i] for i in batch_ix]
             out_of_memory = isolate = False
@@ -278,28 +265,6 @@ class Engine:
         rows = self.plan(length).chunk
         return rows if backoff is None else min(rows, max(1, backoff // max(1, length)))
 
-    def _batch_plan(self, lengths: list[int], target: int | None, backoff: int | None, padding: float) -> BatchPlan:
-        """How to cut a group: within the memory plan (read once, now), `target` work a batch when tuned; an
-        explicit --batch-size cuts the fewest batches (each as full as the memory and the padding cap allow)."""
-        free, total = self.device_ops.memory()
-        budget = memory.budget(free, total, self.budget_spec)
-        rows_by_length: dict[int, int] = {}
-
-        def rows_at(length: int) -> int:
-            if length not in rows_by_length:
-                cost = int(self.tower.unit_cost(length) * self.cost_scale)
-                rows = memory.chunk_size(cost, budget, self.batch_cap)
-                if backoff is not None:
-                    rows = min(rows, max(1, backoff // max(1, length)))
-                if target is not None:
-                    rows = min(rows, max(1, target // max(1, length)))
-                rows_by_length[length] = rows
-            return rows_by_length[length]
-
-        # Tuned: a forward's fixed cost, in work. Fixed: more than any padding could cost, so fewer batches win.
-        overhead = target * BATCH_OVERHEAD if target is not None else len(lengths) * max(lengths, default=0) + 1
-        return BatchPlan(lengths, rows_at, overhead, padding)
-
     def _warn_if_budget_below_one_unit(self, plan: ChunkPlan) -> None:
         """An explicit --memory-budget smaller than one unit cannot be kept: chunks of 1 run over it. Say so
         once, with the cost, rather than silently running at chunk 1."""
@@ -314,7 +279,8 @@ class Engine:
     def _measured(self, batch: list[Unit], seconds: float, target: int | None) -> None:
         """Feed one batch's time to the tuner and to the rate that sizes decode windows."""
         work = sum(u.length for u in batch)
-        padded = len(batch) * max(u.length for u in batch)
+        longest = max(u.length for u in batch)
+        padded = len(batch) * (longest if self.tower.grouping == "exact" else padded_length(longest))
         self.real_work += work
         self.padded_work += padded
         if self.tuner:

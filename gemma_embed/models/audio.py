@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from gemma_embed.batching import padded_length
 from gemma_embed.config import MAX_WINDOW_S, audio_window
 from gemma_embed.models.base import PreparedItem, Unit
 from gemma_embed.models.loading import load_processor, tower_configs
@@ -148,8 +149,9 @@ def pad_batch(tower, units: list[Unit]) -> tuple[torch.Tensor, torch.Tensor]:
     """Features zero-padded to the longest unit (B, T, F) and the mask (B, T), True = a valid frame, on the tower's
     device. Built on the host (pinned on CUDA) and copied in one transfer each, not unit by unit. Features stay
     float32, as the extractor made them: both audio towers mask and pad them, then cast to their own dtype, the
-    same whichever dtype they arrive in."""
-    longest = max(u.length for u in units)
+    same whichever dtype they arrive in. Padded to the longest unit's rung of the padding ladder
+    (batching.padded_length), every unit's rung, so a unit's rows do not depend on the batch it came in."""
+    longest = padded_length(max(u.length for u in units))
     width = units[0].inputs["input_features"].shape[-1]
     features = tower.host_zeros((len(units), longest, width), torch.float32)
     mask = tower.host_zeros((len(units), longest), torch.bool)

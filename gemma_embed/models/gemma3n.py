@@ -90,14 +90,15 @@ class Gemma3nAudioTower(EncoderTower):
         return gemma3n_audio_item_cost(length, channels, self.config.input_feat_size, self.element_size)
 
     @contextlib.contextmanager
-    def _first_conv_output_cut(self, units: list[Unit]):
-        """Zero the first convolution's output past each unit's own length, as the per-clip reference sees it."""
+    def _first_conv_output_cut(self, units: list[Unit], frames: int):
+        """Zero the first convolution's output past each unit's own length, as the per-clip reference sees it;
+        `frames`: the batch's padded length."""
         if not self.zero_conv_padding:
             yield
             return
         # The keep mask is built on the host and staged before the forward: a pageable host-to-device copy inside
         # the hook would make the CPU wait for the GPU mid-forward.
-        longest = subsampled_frames(self.config, max(u.length for u in units))[0]
+        longest = subsampled_frames(self.config, frames)[0]
         keep = self.host_zeros((len(units), longest), torch.bool)
         for i, unit in enumerate(units):
             keep[i, : subsampled_frames(self.config, unit.length)[0]] = True
@@ -117,7 +118,7 @@ class Gemma3nAudioTower(EncoderTower):
 
     def encode(self, units: list[Unit], space: str) -> torch.Tensor:
         features, valid = pad_batch(self, units)
-        with self._first_conv_output_cut(units):
+        with self._first_conv_output_cut(units, features.shape[1]):
             out = self.tower(features, ~valid, return_dict=True)  # this tower's mask: True = padding
         return strip_rows(self.project(out.last_hidden_state, space), ~out.audio_mel_mask, units)
 

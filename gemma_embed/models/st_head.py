@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from gemma_embed.batching import padded_length
 from gemma_embed.errors import CheckpointError, UsageError
 from gemma_embed.models.base import Unit
 from gemma_embed.models.loading import Checkpoint, build_without_init, load_module
@@ -156,8 +157,10 @@ class SentenceTextTower:
 def token_batch(units: list[Unit], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask, pooling mask) on the host for a ragged batch of token units, right-padded:
     a real token keeps its position, padded keys are masked, and pooling skips padding and the `pool_from`
-    leading tokens of each unit (a prompt, when Pooling's include_prompt is false)."""
-    longest = max(u.length for u in units)
+    leading tokens of each unit (a prompt, when Pooling's include_prompt is false). The batch is as long as its
+    longest unit's rung of the padding ladder (batching.padded_length), which is every unit's rung: a unit's
+    bytes do not depend on the batch it came in."""
+    longest = padded_length(max(u.length for u in units))
     ids = torch.full((len(units), longest), int(pad_id), dtype=torch.long)
     mask = torch.zeros((len(units), longest), dtype=torch.long)
     pool = torch.zeros((len(units), longest), dtype=torch.long)

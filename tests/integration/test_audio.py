@@ -10,6 +10,7 @@ from helpers import record_batches, rel_error, run_images
 
 import gemma_embed
 from gemma_embed import engine
+from gemma_embed.batching import longest_first, padded_length
 from gemma_embed.media.audio import DecodedAudio
 from gemma_embed.models.audio import AudioPreparer
 from gemma_embed.models.gemma4_audio import Gemma4AudioTower, gemma4_audio_rows
@@ -59,8 +60,8 @@ def test_ragged_batch_rows_match_each_clip_alone(
     tmp_path, monkeypatch, gemma4_dir, extractor, reference_model, clip_dir, encode_log, space
 ):
     folder, clips = clip_dir
-    # Every clip in one ragged group, however much padding that takes (the default caps it at 25%).
-    monkeypatch.setattr(engine, "RAGGED_MAX_PADDING", 1.0)
+    # Every clip in one ragged group, padded to the longest's rung (by default only equal rungs share a batch).
+    monkeypatch.setattr(engine, "padded_buckets", longest_first)  # every clip in one ragged batch
     out = tmp_path / "audio.safetensors"
     code, records, err = run_audio([folder], gemma4_dir, out, space=space, batch_size=len(CLIP_SECONDS))
     assert code == 0, err
@@ -79,13 +80,12 @@ def test_ragged_batch_rows_match_each_clip_alone(
         assert items[name]["sample_rate"] == RATE and "windows" not in items[name]
 
 
-def test_default_grouping_caps_padding(tmp_path, gemma4_dir, clip_dir, encode_log):
+def test_default_grouping_batches_clips_of_one_rung_only(tmp_path, gemma4_dir, clip_dir, encode_log):
     folder, _ = clip_dir
     code, _, err = run_audio([folder], gemma4_dir, tmp_path / "a.safetensors")
     assert code == 0, err
     for batch in encode_log:
-        lengths = [u.length for u in batch]
-        assert 1 - sum(lengths) / (max(lengths) * len(lengths)) <= engine.RAGGED_MAX_PADDING + 1e-9
+        assert len({padded_length(u.length) for u in batch}) == 1  # a clip's padding never depends on its batch
     assert sum(len(b) for b in encode_log) == len(CLIP_SECONDS)
 
 

@@ -29,6 +29,7 @@ from helpers import record_outputs, reference_image_rows, rel_error, run_images,
 
 import gemma_embed
 from gemma_embed import engine
+from gemma_embed.batching import longest_first, padded_length
 from gemma_embed.models.gemma3n import Gemma3nAudioTower
 from gemma_embed.models.gemma4 import Gemma4VisionTower
 from gemma_embed.models.gemma4_audio import Gemma4AudioTower
@@ -233,7 +234,7 @@ def test_audio_clips_in_one_ragged_batch(tmp_path, device, family, gemma4_dir, g
     clips = write_clips(
         tmp_path / "clips", {name: CLIP_SECONDS[name] for name in ("a-1.00s.wav", "b-2.37s.wav", "c-3.50s.wav")}
     )
-    monkeypatch.setattr(engine, "RAGGED_MAX_PADDING", 1.0)  # every clip in one ragged batch
+    monkeypatch.setattr(engine, "padded_buckets", longest_first)  # every clip in one ragged batch
     calls = record_outputs(monkeypatch, tower_cls)
     out = tmp_path / "o.safetensors"
     code, _, err = run_images(
@@ -247,7 +248,7 @@ def test_audio_clips_in_one_ragged_batch(tmp_path, device, family, gemma4_dir, g
         # Same ops: transformers on the tool's own zero-padded batch and mask. (Gemma 3n's batches differ from
         # its per-clip call on purpose: the tool zeroes the first convolution's output past each clip's end.)
         ((units, rows),) = calls
-        longest = max(u.length for u in units)
+        longest = padded_length(max(u.length for u in units))  # as the tool pads (its ladder)
         features = torch.zeros(len(units), longest, units[0].inputs["input_features"].shape[-1])
         mask = torch.zeros(len(units), longest, dtype=torch.bool)
         for i, unit in enumerate(units):

@@ -18,6 +18,8 @@ import safetensors
 import torch
 from helpers import ROOT, record_batches, spy_tensor_reads
 
+from gemma_embed import engine
+from gemma_embed.batching import longest_first
 from gemma_embed.engine import Engine, encode_chain_list
 from gemma_embed.errors import CheckpointError, ItemError, UsageError
 from gemma_embed.media.audio import decode_audio
@@ -168,12 +170,13 @@ def test_audio_clips_of_different_lengths_equal_sentence_transformers(
     clips = [decode_audio(str(MEDIA / "audio" / name), sample_rate=16_000) for name in AUDIO]
     assert len({len(c.samples) for c in clips}) > 2
     audio_batches = record_batches(monkeypatch, Gemma4AudioTower)
+    monkeypatch.setattr(engine, "padded_buckets", longest_first)  # clips of different rungs in one ragged batch
     ours = stages[template].embed("audio", clips)
     ref = reference(eg2_dirs[template]).encode(
         [{"array": c.samples, "sampling_rate": c.sample_rate} for c in clips], batch_size=media_batch_size(template)
     )
     assert_equal_to_reference(ours, ref)
-    # Stage 1 ran the clips as ragged batches, not one at a time.
+    # Stage 1 ran clips of different lengths in one padded batch, not one at a time.
     assert any(len({u.length for u in batch}) > 1 for batch in audio_batches)
 
 

@@ -14,6 +14,7 @@ from make_tiny_checkpoint import build_gemma3n, gemma3n_without_vision_tower
 
 import gemma_embed
 from gemma_embed import engine
+from gemma_embed.batching import longest_first
 from gemma_embed.media.audio import DecodedAudio
 from gemma_embed.models.audio import AudioPreparer
 from gemma_embed.models.gemma3n import Gemma3nAudioTower, gemma3n_audio_rows
@@ -122,7 +123,7 @@ def test_ragged_batch_rows_match_each_clip_alone(tmp_path, monkeypatch, gemma3n_
     model, extractor = reference
     clips = write_clips(tmp_path / "clips")
     batches = record_batches(monkeypatch, Gemma3nAudioTower)
-    monkeypatch.setattr(engine, "RAGGED_MAX_PADDING", 1.0)
+    monkeypatch.setattr(engine, "padded_buckets", longest_first)  # every clip in one ragged batch
     out = tmp_path / "g3n.safetensors"
     code, _, err = run_images([tmp_path / "clips"], gemma3n_dir, out, modality="audio", batch_size=len(CLIP_SECONDS))
     assert code == 0, err
