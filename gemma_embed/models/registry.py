@@ -82,7 +82,7 @@ def find_family(config) -> Family | None:
 
 
 @dataclass(frozen=True)
-class Route:
+class ResolvedCommand:
     """What a run of one command on one checkpoint will be, decided before anything loads."""
 
     family: Family
@@ -94,7 +94,7 @@ class Route:
         return self.support.build(config, checkpoint, device, dtype, self.space)
 
 
-def resolve(config: RunConfig, checkpoint) -> Route:
+def resolve(config: RunConfig, checkpoint) -> ResolvedCommand:
     """The family, its support for `config.modality` and the space the run gives; UsageError (or CheckpointError)
     in one line for anything the checkpoint cannot do with these options."""
     modality = Modality(config.modality)
@@ -114,7 +114,7 @@ def resolve(config: RunConfig, checkpoint) -> Route:
         raise UsageError(f"--pool {config.pool} does not apply to {modality} (choose {', '.join(map(str, pools))})")
     if family.check is not None:
         family.check(config, space)
-    return Route(family, support, space)
+    return ResolvedCommand(family, support, space)
 
 
 def _space(config: RunConfig, modality: Modality, support: Support | None) -> Space:
