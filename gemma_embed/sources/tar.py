@@ -74,6 +74,7 @@ class _Member:
     name: str
     data: MediaBytes | None = None  # None when not read (counting, not wanted) or when it could not be read
     error: str | None = None
+    kind: str = "unreadable"  # with `error`: what happened (errors.RECORD_KINDS)
 
 
 @dataclass
@@ -122,6 +123,7 @@ def members(
                         f"{shard_key}:{member.name}",
                         str(path),
                         error="another member of this name comes earlier in the shard; this one is not embedded",
+                        kind="duplicate",
                     )
                 continue
             seen.add(member.name)
@@ -130,6 +132,7 @@ def members(
                     f"{shard_key}:{member.name}",
                     str(path),
                     error=member.error,
+                    kind=member.kind if member.error is not None else None,
                     data=member.data,
                     meta={"member": member.name, **meta} if member.error is None else {},
                 )
@@ -141,7 +144,7 @@ def members(
     for event in _read_shard(path, read, wanted, max_bytes):
         if isinstance(event, _Problem):
             yield from flush()
-            yield Source(shard_key, str(path), error=event.message)
+            yield Source(shard_key, str(path), error=event.message, kind="unreadable")
             continue
         if isinstance(event, _NotAFile):
             if skipped is not None:
@@ -287,7 +290,7 @@ def _read_shard(
                     continue
                 if max_bytes is not None and data.size > max_bytes:
                     what = "the member" if data.sparse is None else f"the sparse member ({data.stored} bytes stored)"
-                    yield _Member(info.name, error=item_too_large(data.size, max_bytes, what))
+                    yield _Member(info.name, error=item_too_large(data.size, max_bytes, what), kind="too-large")
                     continue
                 if not read:
                     yield _Member(info.name)
