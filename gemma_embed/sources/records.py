@@ -1,9 +1,6 @@
-"""JSON-lines records as the tool reads them: parsed with a depth limit, and a record longer than the bytes kept of
+"""JSON-lines records as the tool reads them: parsed with a depth limit (`nested_json`: a record nested deeper than
+128 levels fails by key, where Python's parser raised RecursionError), and a record longer than the bytes kept of
 it (sources/bounded.py) read as far as it goes, so that its text can be cut like a long line of a text file.
-
-A record nested deeper than MAX_DEPTH levels is refused before it is parsed (Python's parser recurses: past about
-a thousand levels it raises RecursionError, and what it gives below that would be written into metadata that other
-readers recurse into again); 128 is what serde_json allows, and no corpus record comes near it.
 """
 
 from __future__ import annotations
@@ -12,46 +9,25 @@ import json
 import re
 from json import decoder
 
+from gemma_embed import nested_json
+from gemma_embed.errors import ItemProblem
+
 # The C scanner json.loads uses for strings: (the string, the index after its closing quote) from the index after
 # its opening quote (not in typeshed's stubs).
 scanstring = decoder.scanstring  # type: ignore[attr-defined]
 
-from gemma_embed.errors import ItemProblem
-
-MAX_DEPTH = 128
-
-# A JSON string (quotes and escapes), as bytes: taken out before brackets are counted.
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_BRACKET = re.compile(rb"[\[\]{}]")
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 
-def depth(data: bytes) -> int:
-    """How deeply the JSON in `data` nests (objects and arrays), strings left out; counted only as far as needed
-    to know it is past MAX_DEPTH. Cheap: most records have fewer brackets than the limit."""
-    if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
-        return 0
-    deepest = level = 0
-    for bracket in _BRACKET.finditer(_STRING.sub(b'""', data)):
-        level += 1 if bracket.group() in (b"[", b"{") else -1
-        if level > deepest:
-            deepest = level
-            if deepest > MAX_DEPTH:
-                break
-    return deepest
-
-
 def _too_deep(row: int) -> ItemProblem:
-    return ItemProblem(f"row {row} nests deeper than {MAX_DEPTH} levels: not read", "too-deep")
+    return ItemProblem(f"row {row} nests deeper than {nested_json.MAX_DEPTH} levels: not read", "too-deep")
 
 
 def parse(data: bytes, row: int) -> dict:
     """A whole record line -> its object; ItemProblem (undecodable, too-deep) for anything else."""
-    if depth(data) > MAX_DEPTH:
-        raise _too_deep(row)
     try:
-        record = json.loads(data)
-    except RecursionError:  # the limit above keeps far from it; a parser that recursed deeper still names it
+        record = nested_json.loads(data)
+    except nested_json.TooDeep:
         raise _too_deep(row) from None
     except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError
         raise ItemProblem(f"row {row} is not JSON ({_one_line(exc)})", "undecodable") from None
@@ -64,7 +40,7 @@ def parse_beginning(data: bytes, row: int) -> tuple[dict, str | None]:
     """The members of a record of which only `data`, its beginning, was read: every member whole in it, and the
     member whose string value the end of `data` cuts (its value: the string's beginning), named second (None when
     the cut falls elsewhere). The members after the cut are not known."""
-    if depth(data) > MAX_DEPTH:
+    if nested_json.depth(data) > nested_json.MAX_DEPTH:
         raise _too_deep(row)
     cut = len(data)
     while cut > len(data) - 4:  # a UTF-8 sequence the cut splits

@@ -38,7 +38,6 @@ archive appended, as `cat a.tar b.tar` makes) is read too.
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 import tarfile
@@ -46,6 +45,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from gemma_embed import nested_json
 from gemma_embed.locations import Location, NotRegularFile
 from gemma_embed.media import MediaBytes
 from gemma_embed.sources.base import SkippedMember, Source, item_too_large
@@ -182,8 +182,8 @@ def _sidecar_meta(sample: list[_Member]) -> dict:
         text = member.data.decode("utf-8", errors="replace")
         if target == "json":
             try:
-                meta[target] = json.loads(text)
-            except ValueError:
+                meta[target] = nested_json.loads(text)
+            except ValueError:  # not JSON, or nested too deep (nested_json.TooDeep): kept as its text
                 meta[target] = text
         else:
             meta[target] = text
