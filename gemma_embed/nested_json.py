@@ -13,10 +13,13 @@ from typing import Any
 MAX_DEPTH = 128
 
 # A JSON string (quotes and escapes), taken out before brackets are counted; as bytes and as text.
-_STRING = {bytes: re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL), str: re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')}
-_BRACKET = {bytes: re.compile(rb"[\[\]{}]"), str: re.compile(r"[\[\]{}]")}
-_OPENING = {bytes: (b"[", b"{"), str: ("[", "{")}
-_EMPTY = {bytes: b'""', str: '""'}
+_STRING: dict[type, re.Pattern[Any]] = {
+    bytes: re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL),
+    str: re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL),
+}
+_BRACKET: dict[type, re.Pattern[Any]] = {bytes: re.compile(rb"[\[\]{}]"), str: re.compile(r"[\[\]{}]")}
+_OPENING: dict[type, tuple[Any, Any]] = {bytes: (b"[", b"{"), str: ("[", "{")}
+_EMPTY: dict[type, Any] = {bytes: b'""', str: '""'}
 
 
 class TooDeep(ValueError):
@@ -28,7 +31,7 @@ def depth(data: bytes | str, limit: int = MAX_DEPTH) -> int:
     know it is past `limit`. Cheap: most documents have fewer brackets than the limit, and then nothing is scanned."""
     kind = type(data)
     opening = _OPENING[kind]
-    if data.count(opening[0]) + data.count(opening[1]) <= limit:  # type: ignore[arg-type]
+    if data.count(opening[0]) + data.count(opening[1]) <= limit:
         return 0
     deepest = level = 0
     for bracket in _BRACKET[kind].finditer(_STRING[kind].sub(_EMPTY[kind], data)):
