@@ -73,7 +73,7 @@ def _guarded(unzipped: gzip.GzipFile, counted: _Counted) -> Read:
         nonlocal inflated
         try:
             data = unzipped.read1(size)
-        except (EOFError, zlib.error) as exc:  # cut short, or damaged: gzip raises these, not OSError
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:  # cut short, damaged (zlib.error: no OSError)
             raise ItemProblem(f"a damaged gzip stream ({exc or type(exc).__name__})", "unreadable") from None
         inflated += len(data)
         if inflated > INFLATE_GRACE and inflated > INFLATE_RATIO * max(counted.count, 1):
@@ -90,8 +90,8 @@ def compressed(path: Location) -> bool:
 @contextlib.contextmanager
 def open_bytes(path: Location) -> Iterator[Read]:
     """`read(n)` of the file's bytes (at most n a call, b"" at the end), inflated as they stream for a .gz name.
-    OSError (gzip's BadGzipFile: no gzip file at all) and ItemProblem (a cut or damaged stream, `Inflation`) say
-    why reading stopped."""
+    OSError (the file's own) and ItemProblem (a cut or damaged gzip stream, one that is no gzip at all,
+    `Inflation`) say why reading stopped."""
     with path.open_input() as raw:
         if not compressed(path):
             yield getattr(raw, "read1", raw.read)

@@ -95,19 +95,21 @@ def parse_beginning(data: bytes, row: int) -> tuple[dict, str | None]:
 
 def _without_cut_escape(rest: str) -> str:
     """A string's text the cut ends, without an escape the cut falls in: a lone backslash, `\\u` with fewer than
-    four digits, or a high surrogate whose pair is cut off."""
-    start = rest.rfind("\\", max(0, len(rest) - 6))
-    if start < 0:
-        return rest
-    before = start
-    while before > 0 and rest[before - 1] == "\\":
-        before -= 1
-    if (start - before) % 2:  # this backslash is the second of an escaped one
-        return rest
-    escape = rest[start:]
-    if len(escape) == 1 or (escape[1] == "u" and (len(escape) < 6 or escape[2:4].lower() in ("d8", "d9", "da", "db"))):
-        return rest[:start]
-    return rest
+    four digits, or a high surrogate whose pair is cut off (also one before a cut escape)."""
+    while True:
+        start = rest.rfind("\\", max(0, len(rest) - 6))
+        if start < 0:
+            return rest
+        before = start
+        while before > 0 and rest[before - 1] == "\\":
+            before -= 1
+        if (start - before) % 2:  # this backslash is the second of an escaped one
+            return rest
+        escape = rest[start:]
+        partial = len(escape) == 1 or (escape[1] == "u" and len(escape) < 6)
+        if not partial and not (escape[1] == "u" and escape[2:4].lower() in ("d8", "d9", "da", "db")):
+            return rest
+        rest = rest[:start]
 
 
 def _skip(text: str, at: int) -> int:
