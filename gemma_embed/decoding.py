@@ -49,7 +49,9 @@ def decode_and_prepare(modality, source: Source, lookup: Lookup | None = None) -
 
 def _decode_and_prepare(modality, source: Source, lookup: Lookup | None) -> Prepared:
     if source.error:
-        return Prepared(source, error=ItemError(source.key, "find", source.error, source.kind or "unreadable"))
+        error = ItemError(source.key, "find", source.error, source.kind or "unreadable")
+        error.count = source.meta.get("lines", 1)  # a run of blank lines: passed over as that many
+        return Prepared(source, error=error)
     stage = "decode"
     try:
         facts = source.facts()

@@ -229,6 +229,7 @@ class ItemError(GemmaEmbedError):
         self.message = " ".join(str(message).split())  # always one line
         self.traceback_text = traceback_text  # shown with --debug only
         self.warnings: list[str] = []  # what libraries said while this item was decoded (capture.py)
+        self.count = 1  # the inputs it stands for: a run of blank lines is one item passed over
         super().__init__(f"{key}: {self.message}")
 
     def __reduce__(self):

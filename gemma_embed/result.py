@@ -30,6 +30,7 @@ class RunResult:
     passed_over: dict[str, int] = field(default_factory=dict)
     cut: int = 0
     named: dict[str, list[str]] = field(default_factory=dict)
+    _entries: dict[str, int] = field(default_factory=dict)  # named entries of each kind, the first NAMED_KEYS kept
     output: Location | None = None  # the file written (or the index of shards); None when interrupted
     items: int = 0  # items in this run's output
     interrupted: str | None = None  # the signal's name when the run was stopped by one
@@ -53,7 +54,7 @@ class RunResult:
         self.with_warnings += bool(warnings)
 
     def item_passed_over(self, error: ItemError) -> None:
-        self.passed_over[error.error_type] = self.passed_over.get(error.error_type, 0) + 1
+        self.passed_over[error.error_type] = self.passed_over.get(error.error_type, 0) + error.count
         self._name(error.error_type, f"{error.key} ({error.message})")
 
     def text_cut(self, key: str) -> None:
@@ -61,6 +62,7 @@ class RunResult:
         self._name("cut", key)
 
     def _name(self, kind: str, key: str) -> None:
+        self._entries[kind] = self._entries.get(kind, 0) + 1
         keys = self.named.setdefault(kind, [])
         if len(keys) < NAMED_KEYS:
             keys.append(key)
@@ -77,18 +79,19 @@ class RunResult:
         notes = []
         for kind, count in self.passed_over.items():
             what = words.get(kind, kind + " item{s}").format(s="s" if count != 1 else "")
-            notes.append(f"passed over {count} {what}: {self._keys(kind, count)}")
+            notes.append(f"passed over {count} {what}: {self._keys(kind)}")
         if self.cut:
             plural = "s" if self.cut != 1 else ""
             notes.append(
                 f"cut {self.cut} text{plural} at --max-text-bytes {limit} (--long-text skip passes them over; "
-                f"cut_from_bytes in their metadata): {self._keys('cut', self.cut)}"
+                f"cut_from_bytes in their metadata): {self._keys('cut')}"
             )
         return notes
 
-    def _keys(self, kind: str, count: int) -> str:
+    def _keys(self, kind: str) -> str:
         keys = self.named.get(kind, [])
-        more = f" and {count - len(keys)} more" if count > len(keys) else ""
+        entries = self._entries.get(kind, 0)  # a run of blank lines is one entry
+        more = f" and {entries - len(keys)} more" if entries > len(keys) else ""
         return ", ".join(keys) + more
 
     def item_failed(self, error: ItemError) -> None:

@@ -31,16 +31,23 @@ Read = Callable[[int], bytes]
 @dataclass(frozen=True, slots=True)
 class Line:
     """One line: its number (from 1, every line counted), its first `limit` bytes without the line break, and
-    its whole length in bytes; `blank` when the whole line (not only what was kept) is whitespace."""
+    its whole length in bytes; `blank` when the whole line (not only what was kept) is whitespace. Consecutive
+    blank lines come as one (`count` of them, from `number` on): a file of a million blank lines is one of them,
+    not a million items."""
 
     number: int
     data: bytes
     size: int
     blank: bool
+    count: int = 1
 
     @property
     def cut(self) -> bool:
         return self.size > len(self.data)
+
+    @property
+    def last(self) -> int:
+        return self.number + self.count - 1
 
 
 class Inflation(ItemProblem):
@@ -116,15 +123,18 @@ def read_at_most(read: Read, limit: int) -> tuple[bytes, bool]:
 
 def lines(read: Read, limit: int, sep: bytes = b"\n") -> Iterator[Line]:
     """Every line of the stream, a chunk at a time, `limit` bytes of each kept (a trailing CR goes with the line
-    break, as a text file from Windows has it). Memory: one chunk and `limit` bytes, whatever the lines' length."""
+    break, as a text file from Windows has it); runs of blank lines as one `Line` of `count` lines. Memory: one
+    chunk and `limit` bytes, whatever the lines' length; time: a chunk of blank lines is counted, not looped over."""
     kept: list[bytes] = []
     held = size = 0
+    pending = False  # a line has begun and not ended
     filled = False  # a byte that is no whitespace was read past (beyond what is kept)
-    number = 0
-    started = False  # bytes (or a separator) since the last line ended
+    number = 0  # lines ended so far
+    blank_from = blank_count = 0  # the run of blank lines not yielded yet
 
     def take(piece: bytes) -> None:
-        nonlocal held, size, filled
+        nonlocal held, size, filled, pending
+        pending = True
         size += len(piece)
         if held < limit:
             piece, rest = piece[: limit - held], piece[limit - held :]
@@ -136,8 +146,7 @@ def lines(read: Read, limit: int, sep: bytes = b"\n") -> Iterator[Line]:
             filled = True
 
     def end() -> Line:
-        nonlocal held, size, filled, number
-        number += 1
+        nonlocal held, size, filled, pending
         data = b"".join(kept)
         if size == len(data):  # whole: its CR goes with the line break
             data = data.rstrip(b"\r")
@@ -146,18 +155,59 @@ def lines(read: Read, limit: int, sep: bytes = b"\n") -> Iterator[Line]:
             line = Line(number, data, size, not filled and not data.strip())
         kept.clear()
         held = size = 0
-        filled = False
+        filled = pending = False
+        return line
+
+    def blank_run() -> Line:
+        nonlocal blank_count
+        line = Line(blank_from, b"", 0, True, blank_count)
+        blank_count = 0
         return line
 
     while chunk := read(CHUNK):
+        if not pending and not chunk.strip():  # nothing but blank lines (and whitespace): count them
+            ended = chunk.count(sep)
+            if ended:
+                blank_from, blank_count = (blank_from, blank_count + ended) if blank_count else (number + 1, ended)
+                number += ended
+            rest = chunk[chunk.rfind(sep) + 1 :] if ended else chunk
+            if rest:
+                take(rest)
+            continue
         *complete, last = chunk.split(sep)
         for piece in complete:
+            if not pending and not piece.strip():
+                number += 1
+                if not blank_count:
+                    blank_from = number
+                blank_count += 1
+                continue
             take(piece)
-            yield end()
-        take(last)
-        started = bool(size)
-    if started:
-        yield end()
+            number += 1
+            line = end()
+            if line.blank:
+                if not blank_count:
+                    blank_from = number
+                blank_count += 1
+                continue
+            if blank_count:
+                yield blank_run()
+            yield line
+        if last:
+            take(last)
+    if pending:
+        number += 1
+        line = end()
+        if line.blank:
+            if not blank_count:
+                blank_from = number
+            blank_count += 1
+        else:
+            if blank_count:
+                yield blank_run()
+            yield line
+    if blank_count:
+        yield blank_run()
 
 
 def utf8_prefix(data: bytes) -> bytes:

@@ -56,7 +56,8 @@ SUFFIXES = PARQUET_SUFFIXES + JSONL_SUFFIXES
 BATCH_ROWS = 16  # rows converted at a time: a batch of 16 large images is tens of MB at most
 # The bytes of a JSON-lines record read besides its text (paths, kept columns, keys); the text command reads six
 # times --max-text-bytes more, what a text of that many bytes takes at most written as JSON (\\u0001 for 0x01).
-RECORD_BYTES = 16 << 20
+# A longer record is read as far: its beginning, parsed, costs about three times this (bytes, text, the cut string).
+RECORD_BYTES = 4 << 20
 
 
 def record_limit(collection: Collection) -> int:

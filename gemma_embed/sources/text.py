@@ -34,8 +34,9 @@ def line_sources(read: bounded.Read, prefix: str, path: str, collection: Collect
     passed over (`base.text_source`)."""
     for line in bounded.lines(read, collection.text_limit):
         key, meta = f"{prefix}:{line.number}", {"line": line.number}
-        if line.blank:
-            yield Source(key, path, error=f"line {line.number} is blank", kind="blank")
+        if line.blank:  # a run of blank lines is one item passed over, counted as its lines
+            where = f"line {line.number} is" if line.count == 1 else f"lines {line.number} to {line.last} are"
+            yield Source(key, path, error=f"{where} blank", kind="blank", meta={**meta, "lines": line.count})
         else:
             yield text_source(key, path, line.data, line.size, meta, collection, f"line {line.number}")
 

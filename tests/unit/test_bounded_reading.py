@@ -22,17 +22,25 @@ SAMPLES = [
     b"one\ntwo\n",
     b"one\r\ntwo\r\n\r\n  \nlast without a break",
     b"caf\xc3\xa9 \xe2\x82\xac\n" * 3 + b"x" * 50 + b"\n\n" + b" " * 30 + b"y\n",
+    b"\n\n  \n\r\n\t\n" * 5 + b"after blanks\n" + b" " * 9,
+    b"a\n" + b"\n" * 40 + b"b",
 ]
 
 
-def reference_lines(data: bytes, limit: int) -> list[tuple[int, bytes, int, bool]]:
-    """What a Python file object's line iteration gives, the line break (and a CR before it) removed."""
-    found = []
+def reference_lines(data: bytes, limit: int) -> list[tuple[int, bytes, int, bool, int]]:
+    """What a Python file object's line iteration gives, the line break (and a CR before it) removed, and each
+    run of blank lines as one (number, b"", 0, True, count)."""
+    found: list[tuple[int, bytes, int, bool, int]] = []
     for number, line in enumerate(io.BytesIO(data), start=1):
         line = line.removesuffix(b"\n")
         if len(line) <= limit:
             line = line.rstrip(b"\r")
-        found.append((number, line[:limit], len(line), not line.strip()))
+        if line.strip():
+            found.append((number, line[:limit], len(line), False, 1))
+        elif found and found[-1][3]:
+            found[-1] = (*found[-1][:4], found[-1][4] + 1)
+        else:
+            found.append((number, b"", 0, True, 1))
     return found
 
 
@@ -42,7 +50,9 @@ def test_lines_are_a_file_objects_lines_cut_at_the_limit_whatever_the_chunks(mon
     monkeypatch.setattr(bounded, "CHUNK", chunk)
     for data in SAMPLES:
         stream = io.BytesIO(data)
-        got = [(line.number, line.data, line.size, line.blank) for line in bounded.lines(stream.read, limit)]
+        got = [
+            (line.number, line.data, line.size, line.blank, line.count) for line in bounded.lines(stream.read, limit)
+        ]
         assert got == reference_lines(data, limit), data
 
 
