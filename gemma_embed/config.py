@@ -162,6 +162,15 @@ def parse_columns(text: str | tuple[str, ...] | None) -> tuple[str, ...]:
     return names
 
 
+# The text command's default --max-text-bytes. A checkpoint reads at most its max_seq_length tokens of a text
+# (EmbeddingGemma: 2048, some 8 KB of prose; a token covers a few bytes, rarely dozens), so 256 KiB holds more than
+# any checkpoint reads: a text cut there gives the vector the whole text gives (tests/cli/test_text_limits.py checks
+# it against sentence-transformers). Tokenising is what a long text costs: about 100 bytes a token in the
+# tokenizer's encoding (measured: a 1 MiB text of the sample tokenizer's 893 000 tokens raised the run's peak RSS
+# by 100 MB; 256 KiB by 2 MB over a run of one short line, 933 MB), and a 500 MB text took the tool past 5 GB.
+TEXT_BYTES_DEFAULT = 256 << 10
+
+
 @dataclass(frozen=True)
 class Collection:
     """How the rows of a table (.parquet and JSON-lines files, a Hugging Face dataset) become items: `column` holds
@@ -183,12 +192,8 @@ class Collection:
     column_holds_text: bool = False  # the column's cells are the items' texts, not media or paths
     # The text command's texts (lines, cells, --per-file files): read at most this many bytes of one, and cut a
     # longer one there or pass it over (`long_text`); sources/bounded.py reads them so.
-    max_text_bytes: int = 0  # 0: TEXT_BYTES_DEFAULT
+    max_text_bytes: int = TEXT_BYTES_DEFAULT
     long_text: str = "cut"
-
-    @property
-    def text_limit(self) -> int:
-        return self.max_text_bytes or TEXT_BYTES_DEFAULT
 
     def with_item_limit(self) -> Collection:
         """This collection with `max_item_bytes` decided (the default measured now, once per run)."""
@@ -212,13 +217,6 @@ ITEM_BUDGET_SHARE = 4
 ITEM_BYTES_FLOOR = 256 << 20
 
 
-# The text command's default --max-text-bytes. A checkpoint reads at most its max_seq_length tokens of a text
-# (EmbeddingGemma: 2048, some 8 KB of prose; a token covers a few bytes, rarely dozens), so 256 KiB holds more than
-# any checkpoint reads: a text cut there gives the vector the whole text gives (tests/cli/test_text_limits.py checks
-# it against sentence-transformers). Tokenising is what a long text costs: about 100 bytes a token in the
-# tokenizer's encoding (measured: a 1 MiB text of the sample tokenizer's 893 000 tokens raised the run's peak RSS
-# by 100 MB; 256 KiB by 2 MB over a run of one short line, 933 MB), and a 500 MB text took the tool past 5 GB.
-TEXT_BYTES_DEFAULT = 256 << 10
 
 
 def default_item_bytes(free: int, total: int, spec: BudgetSpec = BudgetSpec()) -> int:

@@ -78,7 +78,7 @@ def text_source(key: str, where: str, data, size: int, meta: dict, collection: C
     --max-text-bytes (bytes, or an Arrow buffer not copied yet), `size` its whole length. A longer text is cut
     there, at a character boundary, its metadata saying from how many bytes (`cut_from_bytes`), or with
     --long-text skip passed over (`too-long`); a blank text is passed over (`blank`)."""
-    limit = collection.text_limit
+    limit = collection.max_text_bytes
     if size > limit:
         if collection.long_text == "skip":
             return Source(

@@ -62,7 +62,7 @@ RECORD_BYTES = 4 << 20
 
 def record_limit(collection: Collection) -> int:
     """How much of one JSON-lines record is read: a longer one is read as far (its text cut, sources/records.py)."""
-    return RECORD_BYTES + (6 * collection.text_limit if collection.column_holds_text else 0)
+    return RECORD_BYTES + (6 * collection.max_text_bytes if collection.column_holds_text else 0)
 
 
 def is_table(path: Location) -> bool:

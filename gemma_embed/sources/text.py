@@ -32,7 +32,7 @@ from gemma_embed.sources.files import TEXT_EXTENSIONS, find_files, process_stdin
 def line_sources(read: bounded.Read, prefix: str, path: str, collection: Collection) -> Iterator[Source]:
     """Every line of a stream as its item (`PREFIX:LINE`), blank ones passed over by name, long ones cut or
     passed over (`base.text_source`)."""
-    for line in bounded.lines(read, collection.text_limit):
+    for line in bounded.lines(read, collection.max_text_bytes):
         key, meta = f"{prefix}:{line.number}", {"line": line.number}
         if line.blank:  # a run of blank lines is one item passed over, counted as its lines
             where = f"line {line.number} is" if line.count == 1 else f"lines {line.number} to {line.last} are"
@@ -97,7 +97,7 @@ def _text_sources(
             where = location(file.path)
             where.regular_file("a text file")
             with bounded.open_bytes(where) as read:
-                data, more = bounded.read_at_most(read, collection.text_limit)
+                data, more = bounded.read_at_most(read, collection.max_text_bytes)
                 size = len(data) + int(more)
                 if more and not bounded.compressed(where):
                     size = max(size, where.size())
