@@ -100,6 +100,13 @@ class OnError(Choice):
     stop = "stop"
 
 
+class LongText(Choice):
+    """What the text command does with a text longer than --max-text-bytes."""
+
+    cut = "cut"  # embed its first --max-text-bytes (at a character boundary)
+    skip = "skip"  # pass it over, named
+
+
 class ExportFormat(Choice):
     parquet = "parquet"
     npy = "npy"
@@ -136,7 +143,7 @@ RESERVED = frozenset(
     | {"image_format", "mode", "frames_in_file", "width", "height", "max_soft_tokens", "patches"}
     | {"resized_width", "resized_height", "frames", "frame_indices", "timestamps", "fps", "duration_s"}
     | {"total_frames", "rotation", "codec", "rows_per_frame", "sample_rate", "channels", "decoder"}
-    | {"window_s", "windows"}
+    | {"window_s", "windows", "cut_from_bytes"}
 )
 
 
@@ -153,6 +160,15 @@ def parse_columns(text: str | tuple[str, ...] | None) -> tuple[str, ...]:
             f"rename the column (or key by it with --key-column)"
         )
     return names
+
+
+# The text command's default --max-text-bytes. A checkpoint reads at most its max_seq_length tokens of a text
+# (EmbeddingGemma: 2048, some 8 KB of prose; a token covers a few bytes, rarely dozens), so 256 KiB holds more than
+# any checkpoint reads: a text cut there gives the vector the whole text gives (tests/cli/test_text_limits.py checks
+# it against sentence-transformers). Tokenising is what a long text costs: about 100 bytes a token in the
+# tokenizer's encoding (measured: a 1 MiB text of the sample tokenizer's 893 000 tokens raised the run's peak RSS
+# by 100 MB; 256 KiB by 2 MB over a run of one short line, 933 MB), and a 500 MB text took the tool past 5 GB.
+TEXT_BYTES_DEFAULT = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -174,6 +190,10 @@ class Collection:
     # Path cells may name files outside their table's folder (absolute paths, `..`, links leading out).
     allow_outside_paths: bool = False
     column_holds_text: bool = False  # the column's cells are the items' texts, not media or paths
+    # The text command's texts (lines, cells, --per-file files): read at most this many bytes of one, and cut a
+    # longer one there or pass it over (`long_text`); sources/bounded.py reads them so.
+    max_text_bytes: int = TEXT_BYTES_DEFAULT
+    long_text: str = "cut"
 
     def with_item_limit(self) -> Collection:
         """This collection with `max_item_bytes` decided (the default measured now, once per run)."""
@@ -197,12 +217,20 @@ ITEM_BUDGET_SHARE = 4
 ITEM_BYTES_FLOOR = 256 << 20
 
 
+
+
 def default_item_bytes(free: int, total: int, spec: BudgetSpec = BudgetSpec()) -> int:
     """The largest item read by default: a quarter of the memory budget applied to host memory (`memory.budget`:
     min(free/2, total/10), or --memory-budget capped at what is free), at least ITEM_BYTES_FLOOR."""
     from gemma_embed import memory
 
     return max(ITEM_BYTES_FLOOR, memory.budget(free, total, spec) // ITEM_BUDGET_SHARE)
+
+
+def parse_text_bytes(value: str | int | None) -> int:
+    """--max-text-bytes: a size as --max-item-bytes takes it; None -> the default."""
+    parsed = parse_item_bytes(value)
+    return TEXT_BYTES_DEFAULT if parsed is None else parsed
 
 
 def parse_item_bytes(value: str | int | None) -> int | None:
@@ -482,6 +510,25 @@ class RunConfig:
         metavar="SIZE",
         stage=FIND,
     )
+    max_text_bytes: int = option(
+        TEXT_BYTES_DEFAULT,
+        "Text size cap (default 256KiB): a longer text is cut or skipped.",
+        commands=("text", "plan"),
+        panel=ROBUSTNESS,
+        cli_type=str,
+        cli_default="256KiB",
+        parse=parse_text_bytes,
+        metavar="SIZE",
+        stage=FIND,
+    )
+    long_text: LongText = option(
+        LongText.cut,
+        "A text over --max-text-bytes: cut there, or skip it (named).",
+        commands=("text", "plan"),
+        panel=ROBUSTNESS,
+        metavar="cut|skip",
+        stage=FIND,
+    )
     allow_outside_paths: bool = option(
         False,
         "Table paths may leave its folder.",
@@ -759,6 +806,8 @@ class RunConfig:
             memory_budget=self.memory_budget,
             allow_outside_paths=self.allow_outside_paths,
             column_holds_text=self.modality == Modality.text,
+            max_text_bytes=self.max_text_bytes,
+            long_text=self.long_text.value,
         )
 
     def check(self) -> None:

@@ -12,6 +12,7 @@ from gemma_embed import capture, hostmem
 from gemma_embed.errors import ItemError
 from gemma_embed.models.base import PreparedItem
 from gemma_embed.sources import Source
+from gemma_embed.sources.base import row_place
 
 WINDOW_ITEMS = 256
 WINDOW_BYTES = 1 << 30  # prepared tensors held per window (pixels of 1120-token images are ~31 MB each)
@@ -48,7 +49,9 @@ def decode_and_prepare(modality, source: Source, lookup: Lookup | None = None) -
 
 def _decode_and_prepare(modality, source: Source, lookup: Lookup | None) -> Prepared:
     if source.error:
-        return Prepared(source, error=ItemError(source.key, "find", source.error, "FileNotFoundError"))
+        error = ItemError(source.key, "find", source.error, source.kind or "unreadable")
+        error.count = source.meta.get("lines", 1)  # a run of blank lines: passed over as that many
+        return Prepared(source, error=error)
     stage = "decode"
     try:
         facts = source.facts()
@@ -62,9 +65,17 @@ def _decode_and_prepare(modality, source: Source, lookup: Lookup | None) -> Prep
     except Exception as exc:  # noqa: BLE001 - a bad file is a record, never the end of the run
         if isinstance(exc, PermissionError):
             exc = PermissionError(f"permission denied: {exc.strerror or exc}")
-        return Prepared(source, error=ItemError.wrap(source.key, stage, exc))
+        return Prepared(source, error=_named(source, ItemError.wrap(source.key, stage, exc)))
     item.meta = {**facts, **source.meta, **item.meta}
     return Prepared(source, item=item, facts=facts)
+
+
+def _named(source: Source, error: ItemError) -> ItemError:
+    """The failure of a table's row keyed by its --key-column value: its line says where the row is."""
+    place = row_place(source)
+    if place is None:
+        return error
+    return ItemError(error.key, error.stage, f"{place}: {error.message}", error.error_type, error.traceback_text)
 
 
 def prepared_nbytes(prepared: Prepared) -> int:

@@ -156,8 +156,67 @@ class DeviceError(RunError):
     chunk would fail too, so the run stops at once, keeping the items already saved."""
 
 
+# What happened to an item that was not embedded, as its record says it (`error` in OUT.errors.jsonl, --jsonl and
+# the summary): what a user can act on, not the exception class some library raised. docs/exit-codes.md lists
+# them (`record_kinds_section`). The kinds in SKIPS are passed over by default (named in a note, the exit code
+# untouched: there is nothing to embed, or the user asked so); with --on-error stop they fail the run like the rest.
+RECORD_KINDS = {
+    "missing": "The file (or the file a list or a table's path cell names) does not exist, or a link to it dangles.",
+    "unreadable": (
+        "It cannot be read: permission denied, no regular file (a FIFO, a device, a folder), a protocol the tool "
+        "cannot open, a damaged or cut container (a tar shard, a parquet row group, a gzip stream)."
+    ),
+    "too-large": (
+        "Over a size limit: --max-item-bytes (a tar member, a table cell), an image over Pillow's "
+        "decompression-bomb limit, a JSON-lines record too large to read, or a .gz input that inflates past 200 "
+        "times its size (a gzip bomb: the rest of that file)."
+    ),
+    "too-long": "A text over --max-text-bytes with --long-text skip.",
+    "blank": "No text: a blank line, a null, missing or blank text cell, an empty --per-file file.",
+    "undecodable": (
+        "Its bytes are not what they should be: text that is not UTF-8 or holds a lone surrogate escape "
+        "(\\ud800), a JSON-lines line that is no JSON object, media a decoder cannot read."
+    ),
+    "too-deep": "A JSON-lines record nested deeper than 128 levels.",
+    "bad-key": "No usable --key-column value: empty, repeated, or a JSON list or object.",
+    "bad-cell": "The --column cell cannot be an item: a field of another type (a number, a list), a table without it.",
+    "outside": "A path cell that leads out of its table's folder (--allow-outside-paths opens it).",
+    "duplicate": "A second tar member of a name an earlier member has.",
+    "unusable": "The model's preparer cannot take it (prepare stage: too short, too many tokens...).",
+    "out-of-memory": "The host or the device ran out of memory for this item alone.",
+    "encode-failed": "The model failed on it (encode stage).",
+}
+SKIPS = frozenset({"blank", "too-long"})
+
+
+def record_kind(exc: BaseException, stage: str) -> str:
+    """The RECORD_KINDS name of an exception an item's stage raised: one it says itself (`kind`), else by what it
+    is (a missing file, a file that cannot be read, memory), else by the stage it broke."""
+    kind = getattr(exc, "kind", None)
+    if kind in RECORD_KINDS:
+        return kind
+    if isinstance(exc, FileNotFoundError):
+        return "missing"
+    if isinstance(exc, MemoryError) or _is_out_of_memory(exc):
+        return "out-of-memory"
+    if "DecompressionBomb" in type(exc).__name__:  # Pillow's, by name: Pillow is not imported here
+        return "too-large"
+    if isinstance(exc, OSError) and not isinstance(exc, GemmaEmbedError):
+        return "unreadable"
+    return {"find": "unreadable", "decode": "undecodable", "prepare": "unusable"}.get(stage, "encode-failed")
+
+
+class ItemProblem(ValueError):
+    """An item's content cannot be embedded, for a reason of RECORD_KINDS (`kind`); the message is its line."""
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind
+
+
 class ItemError(GemmaEmbedError):
-    """One item failed at one stage. The message is one line and names the file."""
+    """One item failed at one stage (or, of a kind in SKIPS, was passed over). The message is one line and names
+    the file; `error_type` is its kind (RECORD_KINDS)."""
 
     error_kind = ITEMS_FAILED
 
@@ -170,6 +229,7 @@ class ItemError(GemmaEmbedError):
         self.message = " ".join(str(message).split())  # always one line
         self.traceback_text = traceback_text  # shown with --debug only
         self.warnings: list[str] = []  # what libraries said while this item was decoded (capture.py)
+        self.count = 1  # the inputs it stands for: a run of blank lines is one item passed over
         super().__init__(f"{key}: {self.message}")
 
     def __reduce__(self):
@@ -183,7 +243,12 @@ class ItemError(GemmaEmbedError):
         import traceback
 
         text = str(exc) or type(exc).__name__
-        return cls(key, stage, text, type(exc).__name__, "".join(traceback.format_exception(exc)))
+        return cls(key, stage, text, record_kind(exc, stage), "".join(traceback.format_exception(exc)))
+
+    @property
+    def skipped(self) -> bool:
+        """Passed over rather than failed (SKIPS: a blank text, a long one with --long-text skip)."""
+        return self.error_type in SKIPS
 
     def as_record(self) -> dict:
         return {
@@ -278,4 +343,13 @@ def diagnostics_section() -> str:
             code = "128+N" if kind.adds_signal else str(kind.code)
             shapes = "<br>".join(f"`{line}`" for line in kind.lines)
             rows.append(f"| {kind.name} | {code} | {shapes} |")
+    return "\n".join(rows)
+
+
+def record_kinds_section() -> str:
+    """docs/exit-codes.md's table of the kinds an item's record gives (`error` in OUT.errors.jsonl)."""
+    rows = ["| `error` | what happened | counts as |", "|---|---|---|"]
+    for name, meaning in RECORD_KINDS.items():
+        counts = "passed over (a note; a failure with `--on-error stop`)" if name in SKIPS else "a failure"
+        rows.append(f"| `{name}` | {meaning} | {counts} |")
     return "\n".join(rows)

@@ -26,6 +26,7 @@ from gemma_embed.progress import Reporter
 from gemma_embed.result import RunResult
 from gemma_embed.runners import LocalRunner, Runner, SliceRunner
 from gemma_embed.sources import Source, check_given_paths, count_sources, iter_sources, require_input, skipped_note
+from gemma_embed.sources.base import row_place
 from gemma_embed.sources.text import iter_text_sources
 from gemma_embed.writers import SafetensorsWriter, Writer, WriterFactory
 
@@ -122,6 +123,8 @@ def _finish(config, runner: Runner, writer: Writer, result, reporter, skipped, c
         return result
     if note := skipped_note(config.modality, skipped):
         reporter.note(note)
+    for note in result.passed_over_notes(config.max_text_bytes):
+        reporter.note(note)
     if captured is not None and captured.outside and not config.debug:
         reporter.note(f"{captured.outside} library messages outside any item were hidden (--debug shows them)")
     result.output = writer.close()
@@ -187,6 +190,10 @@ class _Finisher:
 
     def failed(self, error: ItemError, warnings: list[str] | None = None) -> None:
         error.warnings = error.warnings or list(warnings or [])
+        if error.skipped and self.config.on_error != "stop":  # a blank or (--long-text skip) long text
+            self.result.item_passed_over(error)
+            self.reporter.item_passed_over(error)
+            return
         self.result.item_failed(error)
         self.reporter.item_failed(error)
         if self.config.on_error == "stop":
@@ -194,6 +201,9 @@ class _Finisher:
 
     def done(self, p: Prepared, rows) -> None:
         self.writer.add(p.source.key, rows, p.item.meta, p.source.position)
+        if "cut_from_bytes" in p.item.meta:
+            place = row_place(p.source)
+            self.result.text_cut(p.source.key if place is None else f"{p.source.key} ({place})")
         self.result.item_done(int(rows.shape[0]), warnings=p.warnings)
         self.reporter.item_done(p.source.key, int(rows.shape[0]), warnings=p.warnings)
 
@@ -213,7 +223,8 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pr
         for window in prepared_stream(stages, sources, config.workers, host_budget=command.host.decode):
             for p in window:
                 if p.error:
-                    failures.append(p.error.as_record())
+                    if not p.error.skipped:  # a blank text is passed over, as the run would
+                        failures.append(p.error.as_record())
                     continue
                 for index, stage in enumerate(stages.chain):
                     lengths[index] += stage.lengths(p.item) if stage.feed else [u.length for u in p.item.units]

@@ -168,6 +168,12 @@ class Reporter:
         if self._progress is not None:
             self._progress.console.file = stream
 
+    def item_passed_over(self, error: ItemError) -> None:
+        """A blank text, or a long one with --long-text skip: no line of its own (a closing note names them)."""
+        if self.jsonl:
+            self._out({"type": "item", "status": "skipped", **error.as_record()})
+        self._advance()
+
     def item_failed(self, error: ItemError) -> None:
         record = error.as_record()
         self._err(f"error: {error.key}: {error.message}")

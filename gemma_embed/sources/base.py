@@ -17,6 +17,7 @@ from gemma_embed.config import (  # noqa: F401 - re-exported
     parse_item_bytes,
 )
 from gemma_embed.locations import location
+from gemma_embed.sources.bounded import utf8_prefix
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Source:
     key: str
     path: str
     error: str | None = None  # set when the path cannot be an item (missing); reported, not fatal
+    kind: str | None = None  # with `error`: what happened (errors.RECORD_KINDS), the record's `error`
     position: int = 0  # place in the whole input: orders the output and assigns distributed slices
     data: bytes | None = None  # the item's own bytes, when it is not a whole file
     meta: dict = field(default_factory=dict, compare=False, hash=False)
@@ -54,12 +56,49 @@ class Source:
         return {"path": self.path, "bytes": len(self.data), "sha256": hashlib.sha256(self.data).hexdigest()}
 
 
+def row_place(source: Source) -> str | None:
+    """`row 3 of FILE` for a table's row keyed by its --key-column value (a key that does not name the file), so
+    that a line about it says where it is; None where the key says it (FILE:ROW, FILE:LINE, a path)."""
+    row = source.meta.get("row")
+    if row is None or source.key.endswith(f":{row}"):
+        return None
+    return f"row {row} of {source.path}"
+
+
 def item_too_large(size: int, limit: int, what: str = "") -> str:
     """The one-line reason an item over the limit fails, unread."""
     return (
         f"{what or 'the item'} is {memory.human_bytes(size)} ({size} bytes), over the {memory.human_bytes(limit)} "
         f"an item may have; not read (--max-item-bytes raises the limit)"
     )
+
+
+def text_source(key: str, where: str, data, size: int, meta: dict, collection: Collection, what: str) -> Source:
+    """A text (a line, a table cell, a --per-file file) as its item: `data` holds its first bytes at least up to
+    --max-text-bytes (bytes, or an Arrow buffer not copied yet), `size` its whole length. A longer text is cut
+    there, at a character boundary, its metadata saying from how many bytes (`cut_from_bytes`), or with
+    --long-text skip passed over (`too-long`); a blank text is passed over (`blank`)."""
+    limit = collection.max_text_bytes
+    if size > limit:
+        if collection.long_text == "skip":
+            return Source(
+                key,
+                where,
+                error=f"{what} is {memory.human_bytes(size)}, over --max-text-bytes {memory.human_bytes(limit)}: "
+                f"skipped (--long-text cut embeds its first {memory.human_bytes(limit)})",
+                kind="too-long",
+            )
+        data = utf8_prefix(_as_bytes(data[:limit]))
+        meta = {**meta, "cut_from_bytes": size}
+    else:
+        data = _as_bytes(data)
+    if not data.strip():
+        return Source(key, where, error=f"{what} is blank", kind="blank")
+    return Source(key, where, data=data, meta=meta)
+
+
+def _as_bytes(data) -> bytes:
+    return data.to_pybytes() if hasattr(data, "to_pybytes") else bytes(data)
 
 
 class SkippedMember(NamedTuple):

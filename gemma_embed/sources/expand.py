@@ -85,7 +85,7 @@ class Collections:
         """The items of one found file: its members or rows, or the file itself."""
         path, collection = found.path, self.collection
         if found.error is not None or not self.is_collection(path):
-            yield Source(found.key, str(path), error=found.error)
+            yield Source(found.key, str(path), error=found.error, kind=found.kind)
         elif self.media and tar.is_shard(path):
             yield from tar.members(path, found.key, self.wanted, self.skipped, self.read, collection.max_item_bytes)
         elif not self.read:

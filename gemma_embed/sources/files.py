@@ -133,6 +133,7 @@ class Found:
     key: str
     path: Location
     error: str | None = None
+    kind: str | None = None  # with `error`: what happened (errors.RECORD_KINDS)
 
 
 def _walk(folder: Location, extensions: Iterable[str], skipped: Counter | None) -> Iterator[Location]:
@@ -177,20 +178,20 @@ def find_files(
             else:
                 yield given
 
-    def emit(key: str, path: Location, error: str | None = None) -> Iterator[Found]:
+    def emit(key: str, path: Location, error: str | None = None, kind: str = "missing") -> Iterator[Found]:
         ident = str(path.realpath()) if error is None else str(path)
         if ident in seen_paths:
             return
         seen_paths.add(ident)
         seen_keys.add(key)
-        yield Found(key, path, error)
+        yield Found(key, path, error, kind if error is not None else None)
 
     for given in expanded():
         path = location(given)
         try:
             is_dir = path.isdir()
         except UnsupportedLocation as exc:  # a path list's entry: data, so a failed item (arguments are checked)
-            yield from emit(given, path, exc.reason)
+            yield from emit(given, path, exc.reason, "unreadable")
             continue
         if is_dir:
             for file in _walk(path, walked, skipped):

@@ -37,22 +37,32 @@ from __future__ import annotations
 import contextlib
 import datetime
 import decimal
-import gzip
 import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from gemma_embed.config import RESERVED, Collection, parse_columns  # noqa: F401 - parse_columns re-exported
-from gemma_embed.errors import UsageError
+from gemma_embed.errors import ItemProblem, UsageError
 from gemma_embed.locations import Location, NotRegularFile, UnsupportedLocation, location
 from gemma_embed.media import MediaBytes
-from gemma_embed.sources.base import Source, item_too_large
+from gemma_embed.memory import human_bytes
+from gemma_embed.sources import bounded, records
+from gemma_embed.sources.base import Source, item_too_large, text_source
 
 PARQUET_SUFFIXES = (".parquet",)
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 SUFFIXES = PARQUET_SUFFIXES + JSONL_SUFFIXES
 BATCH_ROWS = 16  # rows converted at a time: a batch of 16 large images is tens of MB at most
+# The bytes of a JSON-lines record read besides its text (paths, kept columns, keys); the text command reads six
+# times --max-text-bytes more, what a text of that many bytes takes at most written as JSON (\\u0001 for 0x01).
+# A longer record is read as far: its beginning, parsed, costs about three times this (bytes, text, the cut string).
+RECORD_BYTES = 4 << 20
+
+
+def record_limit(collection: Collection) -> int:
+    """How much of one JSON-lines record is read: a longer one is read as far (its text cut, sources/records.py)."""
+    return RECORD_BYTES + (6 * collection.max_text_bytes if collection.column_holds_text else 0)
 
 
 def is_table(path: Location) -> bool:
@@ -164,19 +174,33 @@ class _Rows:
 
     def lost(self, first: int, end: int, reason: str) -> Iterator[Source]:
         for row in range(first, end):
-            yield Source(self.row_key(row), self.where, error=reason)
+            yield Source(self.row_key(row), self.where, error=reason, kind="unreadable")
 
     def key_of(self, row: int, value) -> tuple[str, str | None]:
-        """The row's key and, when it cannot have one (an empty or repeated --key-column value), why not."""
+        """The row's key and, when it cannot have one (an empty or repeated --key-column value, a JSON list or
+        object, text that is no Unicode), why not."""
         key = self.row_key(row)
-        if self.collection.key_column is None:
+        name = self.collection.key_column
+        if name is None:
             return key, None
+        value = _scalar(value)
         if value is None:
-            return key, f"its --key-column {self.collection.key_column!r} is empty"
-        key = str(_scalar(value))
+            return key, f"row {row}: its --key-column {name!r} is empty"
+        if isinstance(value, (list, dict)):
+            what = "a JSON list" if isinstance(value, list) else "a JSON object"
+            return key, f"row {row}: its --key-column {name!r} holds {what}, not a key (a string or a number)"
+        if isinstance(value, str) and not _is_unicode(value):
+            return key, f"row {row}: its --key-column {name!r} holds a lone surrogate escape, not Unicode text"
+        key = json.dumps(value) if isinstance(value, bool) else str(value)  # true, not Python's True
         if not self.keys.take(key):
-            return key, f"row {row} repeats this key (--key-column values must be unique)"
+            return self.row_key(
+                row
+            ), f"row {row} repeats the key {key!r} of an earlier row (--key-column values must be unique)"
         return key, None
+
+    def at(self, row: int) -> str:
+        """Where a row is, in a line about it: `row 3`, and the file when its key is a --key-column value."""
+        return f"row {row}" if self.collection.key_column is None else f"row {row} of {self.key_prefix}"
 
     def meta_of(self, row: int, kept: dict) -> dict:
         return {"row": row, **{name: _scalar(value) for name, value in kept.items()}}
@@ -201,7 +225,7 @@ class _Rows:
             row = first + i
             key, why = self.key_of(row, keyed[i].as_py() if keyed is not None else None)
             if why is not None:
-                yield Source(key, self.where, error=why)
+                yield Source(key, self.where, error=why, kind="bad-key")
                 continue
             meta = self.meta_of(row, {name: cells[i].as_py() for name, cells in kept.items()})
             # The cell's bytes as Arrow's own buffer (no copy): measured before the one copy into the item.
@@ -217,12 +241,22 @@ class _Rows:
         if data is not None:
             limit = self.collection.max_item_bytes
             if limit is not None and data.size > limit:
-                return Source(key, self.where, error=f"row {row}: {item_too_large(data.size, limit, 'its cell')}")
+                return Source(
+                    key,
+                    self.where,
+                    error=f"{self.at(row)}: {item_too_large(data.size, limit, 'its cell')}",
+                    kind="too-large",
+                )
             if name:
                 meta["name"] = name
             return Source(key, self.where, data=MediaBytes(data, location(name or "").name), meta=meta)
         if not name:
-            return Source(key, self.where, error=f"row {row} has no media (column {self.collection.column!r} is empty)")
+            return Source(
+                key,
+                self.where,
+                error=f"{self.at(row)} has no media (column {self.collection.column!r} is empty)",
+                kind="missing",
+            )
         path = location(name).expanduser()
         if not path.is_absolute() and self.folder is not None:
             path = self.folder / path.path
@@ -234,30 +268,35 @@ class _Rows:
                 return Source(
                     key,
                     self.where,
-                    error=f"row {row} names {name!r}, outside {folder}: not opened (--allow-outside-paths opens "
+                    error=f"{self.at(row)} names {name!r}, outside {folder}: not opened (--allow-outside-paths opens "
                     f"paths outside the table's folder)",
+                    kind="outside",
                 )
             if not path.isfile():
-                why = "not a file" if path.exists() else "no such file or directory"
-                return Source(key, str(path), error=f"row {row} names {path}: {why}")
+                exists = path.exists()
+                why = "not a file" if exists else "no such file or directory"
+                return Source(
+                    key,
+                    str(path),
+                    error=f"{self.at(row)} names {path}: {why}",
+                    kind="unreadable" if exists else "missing",
+                )
         except UnsupportedLocation as exc:
-            return Source(key, self.where, error=f"row {row} names {name!r}: {exc.reason}")
+            return Source(key, self.where, error=f"{self.at(row)} names {name!r}: {exc.reason}", kind="unreadable")
         return Source(key, str(path), meta=meta)
 
-    def text_item(self, key: str, row: int, meta: dict, data) -> Source:
-        """A text cell as an item carrying its UTF-8 bytes, as a line of a text file carries its own; a null or
-        blank cell fails by key."""
+    def text_item(self, key: str, row: int, meta: dict, data, size: int | None = None) -> Source:
+        """A text cell as an item carrying its UTF-8 bytes, as a line of a text file carries its own: cut at
+        --max-text-bytes or passed over (`base.text_source`), and a null or blank cell passed over as a blank line
+        is. `data`: Arrow's buffer of the cell (its length known before any copy) or bytes; `size`: the text's
+        length when `data` is only its beginning."""
         column = self.collection.column
         if data is None:
-            return Source(key, self.where, error=f"row {row} has no text (column {column!r} is null)")
-        size = data.size if hasattr(data, "size") else len(data)
-        limit = self.collection.max_item_bytes
-        if limit is not None and size > limit:
-            return Source(key, self.where, error=f"row {row}: {item_too_large(size, limit, 'its cell')}")
-        text = data.to_pybytes() if hasattr(data, "to_pybytes") else bytes(data)
-        if not text.strip():
-            return Source(key, self.where, error=f"row {row} has no text (column {column!r} is blank)")
-        return Source(key, self.where, data=text, meta=meta)
+            return Source(
+                key, self.where, error=f"{self.at(row)} has no text (column {column!r} is null)", kind="blank"
+            )
+        size = size if size is not None else (data.size if hasattr(data, "size") else len(data))
+        return text_source(key, self.where, data, size, meta, self.collection, f"{self.at(row)}: its text")
 
     def inside(self, path: Location) -> bool:
         """Whether a path cell's file lies under the table's folder, links resolved (a path that does not exist
@@ -294,7 +333,7 @@ def _not_a_regular_file(path: Location, what: str, file_key: str) -> Source | No
     try:
         path.regular_file(what)
     except NotRegularFile as exc:
-        return Source(file_key, str(path), error=str(exc))
+        return Source(file_key, str(path), error=str(exc), kind="unreadable")
     except OSError:
         pass
     return None
@@ -312,10 +351,10 @@ def parquet_rows(path: Location, file_key: str, collection: Collection, keys: Ke
         table = _open_parquet(path)
         problem = column_problem(table.schema_arrow, collection)
     except Exception as exc:  # noqa: BLE001
-        yield Source(file_key, str(path), error=f"not a readable parquet file ({_one_line(exc)})")
+        yield Source(file_key, str(path), error=f"not a readable parquet file ({_one_line(exc)})", kind="unreadable")
         return
     if problem:
-        yield Source(file_key, str(path), error=problem)
+        yield Source(file_key, str(path), error=problem, kind="bad-cell")
         return
     rows = _Rows(collection, keys, str(path), file_key, path.parent)
     columns = list(dict.fromkeys(c for c in (collection.column, collection.key_column, *collection.keep_columns) if c))
@@ -346,86 +385,144 @@ def parquet_row_count(path: Location, collection: Collection) -> int:
 # ------------------------------------------------------------------------------------------ JSON lines
 
 
-@contextlib.contextmanager
-def _open_json_lines(path: Location) -> Iterator:
-    """The file's lines as bytes, decompressed as they stream for .jsonl.gz."""
-    with path.open_input() as raw:
-        if not path.name.lower().endswith(".gz"):
-            yield raw
-            return
-        with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
-            yield unzipped
-
-
-def _records(path: Location) -> Iterator[tuple[int, dict | str]]:
-    """(row, record) for every line that is not blank, or (row, why it is no record); rows count from 0."""
-    with _open_json_lines(path) as fh:
+def _records(path: Location, limit: int) -> Iterator[tuple[int, bounded.Line]]:
+    """(row, line) for every line that is not blank, `limit` bytes of each kept (sources/bounded.py); rows count
+    from 0. Raises OSError or ItemProblem where reading stops (a damaged or bomb-like gzip stream)."""
+    with bounded.open_bytes(path) as read:
         row = 0
-        for line in fh:
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError
-                yield row, f"row {row} is not JSON ({_one_line(exc)})"
-            else:
-                yield row, record if isinstance(record, dict) else f"row {row} is not a JSON object"
-            row += 1
+        for line in bounded.lines(read, limit):
+            if not line.blank:
+                yield row, line
+                row += 1
+
+
+def _record(line: bounded.Line, row: int, collection: Collection) -> tuple[dict, str | None]:
+    """The record a line holds, and the field its cut falls in (a record longer than `record_limit`: its
+    beginning, sources/records.py); ItemProblem otherwise."""
+    if not line.cut:
+        return records.parse(line.data, row), None
+    if not collection.column_holds_text:
+        raise ItemProblem(
+            f"row {row} is {human_bytes(line.size)}, over the {human_bytes(len(line.data))} a record may have: "
+            f"not read",
+            "too-large",
+        )
+    return records.parse_beginning(line.data, row)
 
 
 def check_json_lines(path: Location, collection: Collection) -> None:
     """UsageError (naming the file) when its first record lacks the run's columns: checked before a model is
     loaded, for files named on the command line (a later record without them fails by key)."""
     try:
-        first = next(_records(path), None)
-    except (OSError, EOFError) as exc:
+        first = next(_records(path, record_limit(collection)), None)
+    except (OSError, ItemProblem) as exc:
         raise UsageError(f"{path}: not a readable JSON-lines file ({_one_line(exc)})") from None
-    fields = list(first[1]) if first is not None and isinstance(first[1], dict) else []
+    try:
+        fields = list(_record(first[1], 0, collection)[0]) if first is not None else []
+    except ItemProblem:
+        fields = []  # the first record fails by key
     problem = _missing_columns(fields, collection) if fields or collection.column is None else None
     if problem:
         raise UsageError(f"{path}: {problem}")
 
 
+def _is_unicode(value) -> bool:
+    """Whether a JSON value's strings are all Unicode text (no lone surrogate escape such as \\ud800, which no
+    UTF-8 writer takes); depth bounded by records.MAX_DEPTH."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(_is_unicode(k) and _is_unicode(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_is_unicode(v) for v in value)
+    return True
+
+
+def _record_source(rows: _Rows, line: bounded.Line, row: int) -> Source:
+    """One JSON-lines record as its item, or its failure by key (what happened: RECORD_KINDS)."""
+    collection, where, column = rows.collection, rows.where, rows.collection.column
+    try:
+        record, cut_in = _record(line, row, collection)
+    except ItemProblem as exc:
+        return Source(rows.row_key(row), where, error=str(exc), kind=exc.kind)
+    if line.cut:
+        needed = [n for n in (column, collection.key_column, *collection.keep_columns) if n and n != cut_in]
+        beyond = [n for n in needed if n not in record] + ([cut_in] if cut_in not in (None, column) else [])
+        if beyond or cut_in is None and column not in record:
+            named = ", ".join(repr(n) for n in beyond or [column])
+            return Source(
+                rows.row_key(row),
+                where,
+                error=f"row {row} is {human_bytes(line.size)}: its field {named} lies beyond the first "
+                f"{human_bytes(len(line.data))}, what is read of a record (--max-text-bytes raises it)",
+                kind="too-large",
+            )
+    key, why = rows.key_of(row, record.get(collection.key_column) if collection.key_column else None)
+    if why is not None:
+        return Source(key, where, error=why, kind="bad-key")
+    kept = {name: record.get(name) for name in collection.keep_columns}
+    if not _is_unicode(kept):
+        return Source(
+            key, where, error=f"{rows.at(row)}: a kept field holds a lone surrogate escape", kind="undecodable"
+        )
+    meta = rows.meta_of(row, kept)
+    cell = record.get(column)
+    if cell is not None and not isinstance(cell, str):
+        return Source(
+            key, where, error=f"{rows.at(row)}: field {column!r} holds {type(cell).__name__}, not text", kind="bad-cell"
+        )
+    if cell is not None and not _is_unicode(cell):
+        at = next(i for i, c in enumerate(cell) if 0xD800 <= ord(c) <= 0xDFFF)
+        return Source(
+            key,
+            where,
+            error=f"{rows.at(row)}: field {column!r} holds a lone surrogate escape (\\u{ord(cell[at]):04x} at "
+            f"character {at}), not Unicode text",
+            kind="undecodable",
+        )
+    if not collection.column_holds_text:
+        return rows.item(key, row, meta, None, cell)
+    if cell is None:
+        return Source(
+            key, where, error=f"{rows.at(row)} has no text (field {column!r} is missing or null)", kind="blank"
+        )
+    data = cell.encode("utf-8")
+    if cut_in == column:  # only its beginning was read: cut, whatever --max-text-bytes is below
+        return rows.text_item(key, row, meta, data, max(line.size, len(data) + 1))
+    return rows.text_item(key, row, meta, data)
+
+
 def json_lines_rows(path: Location, file_key: str, collection: Collection, keys: Keys) -> Iterator[Source]:
-    """The items of one JSON-lines file, in order, one record read at a time; a record that is no JSON object, or
-    whose --column field is missing or holds no string, fails by key; a file cut short fails the rest by its key."""
+    """The items of one JSON-lines file, in order, one record read at a time (at most `record_limit` bytes of
+    it); a record that is no JSON object, nests too deep, or whose --column field is missing or holds no string,
+    fails by key; a file cut short (or inflating like a gzip bomb) fails the rest by its key."""
     refused = _not_a_regular_file(path, "a JSON-lines file", file_key)
     if refused is not None:
         yield refused
         return
     rows = _Rows(collection, keys, str(path), file_key, path.parent)
-    column = collection.column
-    if column is None:
-        yield Source(file_key, str(path), error="give --column NAME, the field that holds each record's item")
+    if collection.column is None:
+        yield Source(
+            file_key, str(path), error="give --column NAME, the field that holds each record's item", kind="bad-cell"
+        )
         return
     try:
-        for row, record in _records(path):
-            if isinstance(record, str):
-                yield Source(rows.row_key(row), str(path), error=record)
-                continue
-            key, why = rows.key_of(row, record.get(collection.key_column) if collection.key_column else None)
-            if why is not None:
-                yield Source(key, str(path), error=why)
-                continue
-            meta = rows.meta_of(row, {name: record.get(name) for name in collection.keep_columns})
-            cell = record.get(column)
-            if cell is not None and not isinstance(cell, str):
-                yield Source(key, str(path), error=f"row {row}: field {column!r} holds {type(cell).__name__}, not text")
-                continue
-            if collection.column_holds_text:
-                yield rows.text_item(key, row, meta, cell.encode("utf-8") if cell is not None else None)
-            else:
-                yield rows.item(key, row, meta, None, cell)
-    except (OSError, EOFError, NotRegularFile) as exc:  # NotRegularFile: swapped in after the check above
-        yield Source(file_key, str(path), error=f"cannot read it to the end ({_one_line(exc)})")
+        for row, line in _records(path, record_limit(collection)):
+            yield _record_source(rows, line, row)
+    except (OSError, NotRegularFile, ItemProblem) as exc:  # NotRegularFile: swapped in after the check above
+        kind = exc.kind if isinstance(exc, ItemProblem) else "unreadable"
+        yield Source(file_key, str(path), error=f"cannot read it to the end ({_one_line(exc)})", kind=kind)
 
 
 def json_lines_row_count(path: Location) -> int:
     """How many items the file gives (its records: lines that are not blank)."""
     try:
-        with _open_json_lines(path) as fh:
-            return sum(1 for line in fh if line.strip())
-    except (OSError, EOFError, NotRegularFile):
+        return sum(1 for _ in _records(path, 0))
+    except (OSError, NotRegularFile, ItemProblem):
         return 1
 
 
@@ -589,7 +686,7 @@ def dataset_rows(opened: OpenedDataset, collection: Collection, keys: Keys) -> I
         if not checked:  # a streamed dataset may say its features only with its first rows
             problem = column_problem(table.schema, collection)
             if problem:
-                yield Source(opened.name, opened.name, error=problem)
+                yield Source(opened.name, opened.name, error=problem, kind="bad-cell")
                 return
             checked = True
         for batch in table.to_batches():

@@ -38,7 +38,6 @@ archive appended, as `cat a.tar b.tar` makes) is read too.
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 import tarfile
@@ -46,6 +45,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from gemma_embed import nested_json
 from gemma_embed.locations import Location, NotRegularFile
 from gemma_embed.media import MediaBytes
 from gemma_embed.sources.base import SkippedMember, Source, item_too_large
@@ -74,6 +74,7 @@ class _Member:
     name: str
     data: MediaBytes | None = None  # None when not read (counting, not wanted) or when it could not be read
     error: str | None = None
+    kind: str = "unreadable"  # with `error`: what happened (errors.RECORD_KINDS)
 
 
 @dataclass
@@ -122,6 +123,7 @@ def members(
                         f"{shard_key}:{member.name}",
                         str(path),
                         error="another member of this name comes earlier in the shard; this one is not embedded",
+                        kind="duplicate",
                     )
                 continue
             seen.add(member.name)
@@ -130,6 +132,7 @@ def members(
                     f"{shard_key}:{member.name}",
                     str(path),
                     error=member.error,
+                    kind=member.kind if member.error is not None else None,
                     data=member.data,
                     meta={"member": member.name, **meta} if member.error is None else {},
                 )
@@ -141,7 +144,7 @@ def members(
     for event in _read_shard(path, read, wanted, max_bytes):
         if isinstance(event, _Problem):
             yield from flush()
-            yield Source(shard_key, str(path), error=event.message)
+            yield Source(shard_key, str(path), error=event.message, kind="unreadable")
             continue
         if isinstance(event, _NotAFile):
             if skipped is not None:
@@ -179,8 +182,8 @@ def _sidecar_meta(sample: list[_Member]) -> dict:
         text = member.data.decode("utf-8", errors="replace")
         if target == "json":
             try:
-                meta[target] = json.loads(text)
-            except ValueError:
+                meta[target] = nested_json.loads(text)
+            except ValueError:  # not JSON, or nested too deep (nested_json.TooDeep): kept as its text
                 meta[target] = text
         else:
             meta[target] = text
@@ -287,7 +290,7 @@ def _read_shard(
                     continue
                 if max_bytes is not None and data.size > max_bytes:
                     what = "the member" if data.sparse is None else f"the sparse member ({data.stored} bytes stored)"
-                    yield _Member(info.name, error=item_too_large(data.size, max_bytes, what))
+                    yield _Member(info.name, error=item_too_large(data.size, max_bytes, what), kind="too-large")
                     continue
                 if not read:
                     yield _Member(info.name)

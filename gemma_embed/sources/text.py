@@ -2,9 +2,14 @@
 every row of a table (parquet, JSON lines, a --dataset: the cell of --column, sources/table.py) is one item.
 
 Keys are `FILE:LINE` (1-based; FILE as the file's own key would be: as given, or relative to a walked folder) and
-`stdin:LINE` for lines read from `-`. Line breaks are not part of an item; blank lines are no items (their numbers
-are kept, so keys still point at the right line). Each line carries its own bytes, so --resume knows it by
-content like any other item. A line that is not UTF-8 is a failed item, named by its key.
+`stdin:LINE` for lines read from `-`. Line breaks are not part of an item. Each line carries its own bytes, so
+--resume knows it by content like any other item. A line that is not UTF-8 is a failed item, named by its key.
+
+Lines are read a chunk at a time with a bound (sources/bounded.py): of a line longer than --max-text-bytes only
+that much is kept, then cut at a character boundary or, with --long-text skip, passed over; a file named `.gz` is
+inflated as it streams, a gzip bomb stopped. A blank line, like a blank table cell, is passed over with a named
+reason (`blank`: counted in a note, a failure with --on-error stop); its number is kept, so keys still point at
+the right line.
 """
 
 from __future__ import annotations
@@ -14,20 +19,26 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import IO
 
+from gemma_embed.errors import ItemProblem
 from gemma_embed.interrupts import responsive
 from gemma_embed.locations import NotRegularFile, location
 from gemma_embed.models.base import TokenIds
-from gemma_embed.sources.base import Collection, Source
+from gemma_embed.sources import bounded
+from gemma_embed.sources.base import Collection, Source, text_source
 from gemma_embed.sources.expand import Collections
-from gemma_embed.sources.files import TEXT_EXTENSIONS, find_files, process_stdin, split_stream
+from gemma_embed.sources.files import TEXT_EXTENSIONS, find_files, process_stdin
 
 
-def numbered_lines(stream: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
-    """(line number, line without its line break) for every line that is not blank."""
-    for number, line in enumerate(stream, start=1):
-        line = line.rstrip(b"\r\n")
-        if line.strip():
-            yield number, line
+def line_sources(read: bounded.Read, prefix: str, path: str, collection: Collection) -> Iterator[Source]:
+    """Every line of a stream as its item (`PREFIX:LINE`), blank ones passed over by name, long ones cut or
+    passed over (`base.text_source`)."""
+    for line in bounded.lines(read, collection.max_text_bytes):
+        key, meta = f"{prefix}:{line.number}", {"line": line.number}
+        if line.blank:  # a run of blank lines is one item passed over, counted as its lines
+            where = f"line {line.number} is" if line.count == 1 else f"lines {line.number} to {line.last} are"
+            yield Source(key, path, error=f"{where} blank", kind="blank", meta={**meta, "lines": line.count})
+        else:
+            yield text_source(key, path, line.data, line.size, meta, collection, f"line {line.number}")
 
 
 def iter_text_sources(
@@ -65,23 +76,49 @@ def _text_sources(
 
     pending: list[str] = []
 
+    collection = collections.collection
+
     def lines(file: Source) -> Iterator[Source]:
         try:
             where = location(file.path)
             where.regular_file("a text file")
-            with where.open_input() as fh:
-                for line_number, line in numbered_lines(fh):
-                    yield Source(f"{file.key}:{line_number}", file.path, data=line, meta={"line": line_number})
+            with bounded.open_bytes(where) as read:
+                yield from line_sources(read, file.key, file.path, collection)
         except NotRegularFile as exc:
-            yield replace(file, error=str(exc))
+            yield replace(file, error=str(exc), kind="unreadable")
+        except ItemProblem as exc:  # a damaged or bomb-like gzip stream: the lines before it are items
+            yield replace(file, error=f"cannot read it to the end ({exc})", kind=exc.kind)
         except OSError as exc:
-            yield replace(file, error=f"cannot read: {exc.strerror or exc}")
+            yield replace(file, error=f"cannot read: {exc.strerror or exc}", kind="unreadable")
+
+    def whole(file: Source) -> Source:
+        """--per-file: the file as one item, at most --max-text-bytes of it read."""
+        try:
+            where = location(file.path)
+            where.regular_file("a text file")
+            with bounded.open_bytes(where) as read:
+                data, more = bounded.read_at_most(read, collection.max_text_bytes)
+                size = len(data) + int(more)
+                if more and not bounded.compressed(where):
+                    size = max(size, where.size())
+        except NotRegularFile as exc:
+            return replace(file, error=str(exc), kind="unreadable")
+        except ItemProblem as exc:
+            return replace(file, error=f"cannot read it ({exc})", kind=exc.kind)
+        except OSError as exc:
+            return replace(file, error=f"cannot read: {exc.strerror or exc}", kind="unreadable")
+        return text_source(file.key, file.path, data, size, {}, collection, "the file")
 
     def files() -> Iterator[Source]:
         for found in find_files(pending, walked | collections.walked(), None, False, skipped):
             whole_file = found.error is None and not collections.is_collection(found.path)
             for item in collections.expand(found):
-                yield from map(numbered, lines(item) if whole_file and not per_file else (item,))
+                if not whole_file:
+                    yield numbered(item)
+                elif per_file:
+                    yield numbered(whole(item))
+                else:
+                    yield from map(numbered, lines(item))
         pending.clear()
 
     for given in inputs:
@@ -89,20 +126,25 @@ def _text_sources(
             pending.append(given)
             continue
         yield from files()
-        stream = split_stream(process_stdin(), b"\n") if stdin is None else _binary(stdin)
-        for line_number, line in numbered_lines(stream):
-            yield numbered(Source(f"stdin:{line_number}", "-", data=line, meta={"line": line_number}))
+        read = _reader(process_stdin() if stdin is None else stdin)
+        try:
+            yield from map(numbered, line_sources(read, "stdin", "-", collection))
+        except OSError as exc:
+            yield numbered(
+                Source("stdin", "-", error=f"cannot read it to the end ({exc.strerror or exc})", kind="unreadable")
+            )
     yield from files()
     yield from map(numbered, collections.dataset_rows())
 
 
-def _binary(stream) -> IO[bytes]:
-    """stdin as bytes whether it was given as text (tests) or bytes (the command line)."""
-    if hasattr(stream, "buffer"):
-        return stream.buffer
-    if isinstance(getattr(stream, "read", lambda n=0: b"")(0), str):
-        return (line.encode("utf-8", "surrogateescape") for line in stream)
-    return stream
+def _reader(stream) -> bounded.Read:
+    """`read(n)` of stdin's bytes, whatever has arrived (read1: a list being written is read as it comes), whether
+    it was given as text (tests) or bytes (the command line)."""
+    raw = getattr(stream, "buffer", stream)
+    read = getattr(raw, "read1", None) or raw.read
+    if isinstance(read(0), str):
+        return lambda size: read(size).encode("utf-8", "surrogateescape")
+    return read
 
 
 def decode_text(content: str | bytes | TokenIds) -> str | TokenIds:
@@ -112,14 +154,16 @@ def decode_text(content: str | bytes | TokenIds) -> str | TokenIds:
         return content
     if isinstance(content, bytes):
         data = content
-    else:
+    else:  # a caller's path (the command line's --per-file items carry their bytes, read with the bound)
         with location(content).open_input() as fh:
             data = fh.read()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r})") from None
+        raise ItemProblem(
+            f"not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r})", "undecodable"
+        ) from None
     text = text.rstrip("\r\n")
     if not text.strip():
-        raise ValueError("empty text")
+        raise ItemProblem("empty text", "blank")
     return text

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from gemma_embed import FORMAT, __version__
+from gemma_embed import FORMAT, __version__, nested_json
 from gemma_embed.config import DTYPE_CODES
 from gemma_embed.device import dtype_name
 from gemma_embed.locations import Location, location
@@ -152,12 +152,19 @@ def read_header(file: str | os.PathLike | Location) -> dict:
         return _metadata(file, fh)
 
 
+# A metadata list's own nesting: the list, an item, its fields (an item's kept JSON-lines fields nest up to
+# nested_json.MAX_DEPTH below those).
+LIST_DEPTH = nested_json.MAX_DEPTH + 4
+
+
 def json_list(file: Location, meta: dict, field: str, element: type) -> list:
     """Metadata field `field`: a JSON list of `element`s (keys: str, items: dict, checksums: str)."""
     if field not in meta:
         raise DamagedFile(file, f"no {field} field")
     try:
-        value = json.loads(meta[field])
+        value = nested_json.loads(meta[field], LIST_DEPTH)
+    except nested_json.TooDeep as exc:
+        raise DamagedFile(file, f"{field} is {exc}, which no gemma-embed output is") from None
     except json.JSONDecodeError as exc:
         raise DamagedFile(file, f"{field} is not valid JSON: {exc}") from None
     if not isinstance(value, list) or not all(isinstance(v, element) for v in value):

@@ -99,11 +99,12 @@ def test_rows_that_cannot_be_items_are_named(tmp_path):
     )
     pq.write_table(table, path)
     found = [(s.key, s.error) for s in iter_sources([str(path)], "images", collection=Collection("image", "key"))]
+    # Keyed by --key-column values, a row's line says where it is; a repeated key fails keyed by FILE:ROW.
     assert found == [
         ("a", None),
-        ("b", "row 1 has no media (column 'image' is empty)"),
+        ("b", f"row 1 of {path} has no media (column 'image' is empty)"),
         ("c", None),  # fails when decoded, like a broken file
-        ("a", "row 3 repeats this key (--key-column values must be unique)"),
+        (f"{path}:3", "row 3 repeats the key 'a' of an earlier row (--key-column values must be unique)"),
     ]
     out = tmp_path / "out.safetensors"
     code, _, err = run_images([path], MODEL, out, column="image", **OPTIONS)

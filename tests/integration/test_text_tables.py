@@ -1,6 +1,6 @@
 """Text from tables: a parquet file (two row groups), JSON lines (plain and gzipped) and a saved Hugging Face dataset
 give the same vectors as the same texts one per line of a text file, keyed by --key-column, other columns kept by
---keep-columns; null and blank cells are failures named by their key, never silent skips."""
+--keep-columns; null and blank cells are passed over as blank lines are, named in a note, never silently."""
 
 from __future__ import annotations
 
@@ -94,17 +94,24 @@ def test_a_saved_dataset_split_gives_the_vectors_of_the_same_lines(reference):
     assert [(items[k]["id"], items[k]["label"]) for k in keys] == list(zip(IDS, LABELS, strict=True))
 
 
-def test_null_and_blank_cells_fail_by_key_and_the_other_rows_are_written(reference):
+def test_null_and_blank_cells_are_passed_over_by_name_and_the_other_rows_are_written(reference):
     path = reference["root"] / "holes.parquet"
     texts = [TEXTS[0], None, "   ", TEXTS[3]]
     pq.write_table(pa.table({"text": pa.array(texts, pa.string()), "id": IDS[:4]}), path)
     out = reference["root"] / "holes.safetensors"
     code, records, err = run_images([path], EG2, out, modality="text", column="text", key_column="id")
-    assert code == 1
-    failed = {r["key"]: r["message"] for r in records if r.get("status") == "failed"}
-    assert set(failed) == {"doc-1", "doc-2"}, records
-    assert "is null" in failed["doc-1"] and "is blank" in failed["doc-2"]
-    assert "error: doc-1:" in err and "error: doc-2:" in err
+    assert code == 0, err  # as blank lines of a text file: nothing to embed, no failure
+    skipped = {r["key"]: r for r in records if r.get("status") == "skipped"}
+    assert set(skipped) == {"doc-1", "doc-2"}, records
+    assert {r["error"] for r in skipped.values()} == {"blank"}
+    assert skipped["doc-1"]["message"] == f"row 1 of {path} has no text (column 'text' is null)"
+    assert skipped["doc-2"]["message"] == f"row 2 of {path}: its text is blank"
+    notes = [line for line in err.splitlines() if line.startswith("note: passed over")]
+    assert notes == [
+        f"note: passed over 2 blank texts (nothing to embed): doc-1 ({skipped['doc-1']['message']}), "
+        f"doc-2 ({skipped['doc-2']['message']})"
+    ]
+    assert "error:" not in err
     assert list(gemma_embed.load(out)) == ["doc-0", "doc-3"]
 
 

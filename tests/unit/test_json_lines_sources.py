@@ -27,13 +27,16 @@ def test_path_fields_name_files_in_the_tables_folder_and_bad_records_fail_by_key
     ]
     path.write_text("\n".join(lines) + "\n")
     found = list(iter_sources([str(path)], "images", collection=Collection("file", "id", ("n",))))
-    assert [s.key for s in found] == ["one", f"{path}:1", "two", f"{path}:3", "three", "four", "one"]
+    # A repeated key's failure is keyed by FILE:ROW, so that its line names the file.
+    assert [s.key for s in found] == ["one", f"{path}:1", "two", f"{path}:3", "three", "four", f"{path}:6"]
     assert found[0].error is None and found[0].path == str(tmp_path / "a.jpg") and found[0].meta == {"row": 0, "n": 1}
     errors = [s.error for s in found[1:]]
     assert errors[0].startswith("row 1 is not JSON (")
     assert "outside" in errors[1] and errors[2] == "row 3 is not a JSON object"
-    assert errors[3] == "row 4: field 'file' holds int, not text" and "has no media" in errors[4]
-    assert "repeats this key" in errors[5]
+    # Keyed by --key-column values (which do not name the file), a row's line says where it is.
+    assert errors[3] == f"row 4 of {path}: field 'file' holds int, not text" and "has no media" in errors[4]
+    assert "repeats the key 'one' of an earlier row" in errors[5]
+    assert [s.kind for s in found[1:]] == ["undecodable", "outside", "undecodable", "bad-cell", "missing", "bad-key"]
 
 
 def test_text_fields_are_the_items_bytes_and_a_gzipped_file_streams_the_same(tmp_path):
@@ -46,7 +49,8 @@ def test_text_fields_are_the_items_bytes_and_a_gzipped_file_streams_the_same(tmp
         found = list(iter_text_sources([str(path)], collection=Collection("t", column_holds_text=True)))
         assert [s.key for s in found] == [f"{path}:{row}" for row in range(4)]
         assert [s.data for s in found] == ["héllo wörld".encode(), None, None, b"second"]
-        assert "is null" in found[1].error and "is blank" in found[2].error
+        assert "null" in found[1].error and "is blank" in found[2].error
+        assert found[1].kind == found[2].kind == "blank"
     # A folder walk takes both only with --column; without it, a .jsonl file given to text is lines of text.
     walked = list(iter_text_sources([str(tmp_path)], collection=Collection("t", column_holds_text=True)))
     assert len(walked) == 8
