@@ -6,8 +6,9 @@ creates, renames or removes a user's file (tests/unit/test_location_calls.py rea
 - `location(value)` -> `Location` (location.py): a string with its protocol, resolved to (filesystem, path) as
   `fsspec.core.url_to_fs` does; path arithmetic that keeps the protocol; fsspec's operations bound to it (`info`,
   `exists`, `isdir`, `isfile`, `ls`, `walk`, `glob`, `open`, `cat_file`, `rm_file`, `rm`, `makedirs`) and the
-  tool's (`regular_file`, `open_input`, `facts`, `atomic_write`, `temp_path`, `open_lock`, `probe_folder`). A local
-  location is a `LocalLocation`, the `pathlib.Path` callers always had; any other protocol a `RemoteLocation`.
+  tool's (`regular_file`, `open_input`, `facts`, `atomic_write`, `temp_path`, `own_folder`, `open_lock`,
+  `probe_folder`). A local location is a `LocalLocation`, the `pathlib.Path` callers always had; any other
+  protocol a `RemoteLocation`.
 - `Files` (base.py): what a filesystem provides; `LocalFiles` (local.py) is the first, with the safety of every
   file the tool creates and every input it opens.
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import os
 
-from gemma_embed.locations.base import Files, NotRegularFile
+from gemma_embed.locations.base import Files, NotPlain, NotRegularFile
 from gemma_embed.locations.location import (
     REMOTE_NEEDS,
     LocalLocation,
@@ -45,6 +46,7 @@ __all__ = [
     "Files",
     "LocalLocation",
     "Location",
+    "NotPlain",
     "NotRegularFile",
     "RemoteLocation",
     "UnsupportedLocation",

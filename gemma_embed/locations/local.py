@@ -13,20 +13,23 @@ Safety lives here, in one place, for the hostile-input work that follows:
   comes; /dev/zero never ends); `open_input` opens without blocking or taking a terminal and refuses a
   descriptor that is not a regular file after all (swapped in after the stat);
 - created files: every file the tool creates is created with O_EXCL | O_NOFOLLOW inside its folder opened once
-  (`dir_fd`), and renamed into place from that folder (`atomic_write`, `temp_path`); the output lock's file is
-  opened with O_NOFOLLOW (a link there is refused, never written through).
+  (`dir_fd`), and renamed into place from that folder (`atomic_write`, `temp_path`; a writer that opens by name
+  gets the created file's own descriptor path); the output lock's file is opened with O_NOFOLLOW and checked by
+  its descriptor (a link, a hard link or another user's file there is refused, never written through); a folder
+  of the tool's own (parts) is a plain folder of this user's, opened without following a link (`own_folder`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import stat
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from gemma_embed.locations.base import NotRegularFile
+from gemma_embed.locations.base import NotPlain, NotRegularFile
 
 HASH_BLOCK = 1 << 20
 
@@ -171,11 +174,12 @@ class LocalFiles:
         return {"bytes": st.st_size, "mtime": st.st_mtime, "sha256": digest.hexdigest()}
 
     @contextlib.contextmanager
-    def atomic_write(self, path: str) -> Iterator[BinaryIO]:
+    def atomic_write(self, path: str, own_folder: bool = False) -> Iterator[BinaryIO]:
         """A binary file whose content appears at `path` whole when the block ends, or not at all: written to a
         new temporary file beside it (mode 0666 less the umask, as open() would create `path` itself; a
-        `mkstemp` file is always 0600), flushed, fsynced and renamed over `path`."""
-        with _folder(path) as (folder_fd, name):
+        `mkstemp` file is always 0600), flushed, fsynced and renamed over `path` (a link there is replaced, never
+        written through). `own_folder`: the folder is one of the tool's own (`own_folder`), opened only as that."""
+        with _folder(path, own_folder) as (folder_fd, name):
             tmp = _temp_name(name)
             fd = os.open(tmp, _CREATE, 0o666, dir_fd=folder_fd)
             try:
@@ -190,29 +194,62 @@ class LocalFiles:
                 raise
 
     @contextlib.contextmanager
-    def temp_path(self, path: str) -> Iterator[str]:
-        """The name of a new, empty temporary file beside `path`, for a writer that opens by name (numpy's memmap,
-        pyarrow, faiss); it becomes `path` (fsynced, renamed) when the block ends without error, or is removed."""
-        with _folder(path) as (folder_fd, name):
+    def temp_path(self, path: str, own_folder: bool = False) -> Iterator[str]:
+        """A name for a new, empty temporary file beside `path`, for a writer that opens by name (numpy's memmap,
+        pyarrow, faiss); it becomes `path` (fsynced, renamed) when the block ends without error, or is removed.
+
+        The file is created here (O_EXCL | O_NOFOLLOW) and held open; the name given is the descriptor's own
+        (`/proc/self/fd/N`, where the system has it), which reopens that very file: a link put in place of the
+        temporary name meanwhile redirects nothing. Before the rename the name must still be that file."""
+        with _folder(path, own_folder) as (folder_fd, name):
             tmp = _temp_name(name)
-            os.close(os.open(tmp, _CREATE, 0o666, dir_fd=folder_fd))
+            fd = os.open(tmp, _CREATE, 0o666, dir_fd=folder_fd)
             try:
-                yield os.path.join(os.path.dirname(path), tmp)
-                fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                by_descriptor = f"/proc/self/fd/{fd}"
+                yield by_descriptor if os.path.exists(by_descriptor) else os.path.join(os.path.dirname(path), tmp)
+                ours, there = os.fstat(fd), os.stat(tmp, dir_fd=folder_fd, follow_symlinks=False)
+                if (ours.st_dev, ours.st_ino) != (there.st_dev, there.st_ino):
+                    raise NotPlain(
+                        f"its temporary file {tmp} was replaced while it was written; not renamed into place"
+                    )
+                os.fsync(fd)
                 os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp, dir_fd=folder_fd)
+                    _unlink_if(tmp, folder_fd, fd)
                 raise
+            finally:
+                os.close(fd)
+
+    def own_folder(self, path: str, create: bool = True) -> None:
+        """A folder the tool keeps beside an output for itself (an unfinished run's parts): created when missing
+        (with `create`), and refused (NotPlain) unless it is a plain folder, no symbolic link, owned by this
+        user. Files go in it with `own_folder=True`, which opens it without following a link again."""
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o777)
+        _plain(os.stat(path, follow_symlinks=False), path, folder=True)
 
     def open_lock(self, path: str) -> int:
         """The output lock's file, opened (created when missing: mode 0666 less the umask) for reading and
-        writing, never through a symbolic link; a descriptor for fcntl.flock (store/lock.py)."""
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        writing, never through a symbolic link (NotPlain), and refused when the opened file is not a plain one of
+        this user's (a hard link to another file: its PID line would overwrite that file); a descriptor for
+        fcntl.flock (store/lock.py)."""
+        try:
+            fd = os.open(
+                path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o666
+            )
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise NotPlain(_link_reason(path)) from None
+            raise
+        try:
+            _plain(os.fstat(fd), path, folder=False)
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def names(self, path: str, fd: int) -> bool:
         """Whether `path` still names the file open as `fd` (not a link to it: the entry itself)."""
@@ -246,13 +283,49 @@ def _temp_name(name: str) -> str:
     return f".{name}.{_token()}.tmp"
 
 
+def _link_reason(path: str) -> str:
+    return f"a symbolic link to {os.path.realpath(path)}; not followed"
+
+
+def _plain(st: os.stat_result, path: str, folder: bool) -> None:
+    """NotPlain unless `st` (an lstat, or the fstat of what was opened without following links) is a plain folder
+    or a regular file of one name, owned by this user."""
+    if stat.S_ISLNK(st.st_mode):
+        raise NotPlain(_link_reason(path))
+    if folder and not stat.S_ISDIR(st.st_mode):
+        raise NotPlain(f"is {'a file' if stat.S_ISREG(st.st_mode) else kind_of(st.st_mode)}")
+    if not folder and not stat.S_ISREG(st.st_mode):
+        raise NotPlain(f"is {'a folder' if stat.S_ISDIR(st.st_mode) else kind_of(st.st_mode)}")
+    if not folder and st.st_nlink != 1:
+        raise NotPlain(f"a file with {st.st_nlink} names (hard links); not written")
+    if st.st_uid != os.geteuid():
+        raise NotPlain(f"owned by user {st.st_uid}, not by this one ({os.geteuid()})")
+
+
+def _unlink_if(name: str, folder_fd: int, fd: int) -> None:
+    """Remove `name` from the folder if it is still the file open as `fd` (never whatever replaced it)."""
+    ours, there = os.fstat(fd), os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    if (ours.st_dev, ours.st_ino) == (there.st_dev, there.st_ino):
+        os.unlink(name, dir_fd=folder_fd)
+
+
 @contextlib.contextmanager
-def _folder(path: str) -> Iterator[tuple[int, str]]:
+def _folder(path: str, own: bool = False) -> Iterator[tuple[int, str]]:
     """(descriptor of the folder `path` goes in, opened once, and the file's name in it): files created there and
-    renamed there stay in that folder however its path changes meanwhile."""
+    renamed there stay in that folder however its path changes meanwhile. The output's folder is the one the
+    user named (a link to a folder included); a folder of the tool's own (`own`) is opened without following a
+    link and must be a plain one of this user's (NotPlain)."""
     folder, name = os.path.split(path)
-    fd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
     try:
+        fd = os.open(folder or ".", flags | (os.O_NOFOLLOW if own else 0))
+    except OSError as exc:
+        if own and exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(folder):
+            raise NotPlain(_link_reason(folder)) from None
+        raise
+    try:
+        if own:
+            _plain(os.fstat(fd), folder, folder=True)
         yield fd, name
     finally:
         os.close(fd)

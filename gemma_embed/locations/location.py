@@ -210,11 +210,14 @@ class Location:
     def facts(self) -> dict[str, Any]:
         return self.fs.facts(self.path)
 
-    def atomic_write(self) -> contextlib.AbstractContextManager[BinaryIO]:
-        return self.fs.atomic_write(self.path)
+    def atomic_write(self, own_folder: bool = False) -> contextlib.AbstractContextManager[BinaryIO]:
+        return self.fs.atomic_write(self.path, own_folder)
 
-    def temp_path(self) -> contextlib.AbstractContextManager[str]:
-        return self.fs.temp_path(self.path)
+    def temp_path(self, own_folder: bool = False) -> contextlib.AbstractContextManager[str]:
+        return self.fs.temp_path(self.path, own_folder)
+
+    def own_folder(self, create: bool = True) -> None:
+        self.fs.own_folder(self.path, create)
 
     def open_lock(self) -> int:
         return self.fs.open_lock(self.path)

@@ -22,7 +22,9 @@ second run fails at once, naming that PID.
 - flock is advisory (programs that do not take it are not stopped) and, on some network filesystems, local to
   one machine.
 - The lock file is opened by the seam (`Location.open_lock`: created when missing, never through a symbolic
-  link); this module keeps the protocol on its descriptor (flock, the holder's PID, the removal check).
+  link, and refused when it is a hard link to another file or another user's); what is in the way is one line
+  naming it (a `DamagedFile`, exit 2), and nothing is written to it. This module keeps the protocol on its
+  descriptor (flock, the holder's PID, the removal check).
 """
 
 from __future__ import annotations
@@ -35,12 +37,16 @@ import time
 from collections.abc import Iterator
 
 from gemma_embed.errors import OutputBusy
-from gemma_embed.locations import Location, location
+from gemma_embed.locations import Location, NotPlain, location
+from gemma_embed.store.damage import DamagedFile
 from gemma_embed.store.layout import Where, cannot_write_here, lock_path, output_folder
 
 RUN, MERGE = "run", "merge"
 POLL_S = 0.05  # how often a merge looks again while another merge holds the lock
 HOLDER_WRITE_WAIT_S = 0.5  # a new holder writes its PID right after its flock; wait that long to read it
+# What is in the way where the lock's file goes (a link, a hard link, another user's file): named, never written.
+LOCK_KIND = "gemma-embed lock file"
+LOCK_FIX = "remove it and run again"
 
 _holders: dict[Location, int] = {}  # lock path -> the thread holding it, for the locks this process holds
 _holders_guard = threading.Lock()
@@ -78,6 +84,8 @@ def _acquire(path: Location, output: Location, role: str, busy_hint: str) -> int
     while True:
         try:
             fd = path.open_lock()
+        except NotPlain as exc:
+            raise DamagedFile(path, str(exc), LOCK_KIND, LOCK_FIX) from None
         except OSError as exc:
             raise cannot_write_here(path.parent, exc) from exc
         try:

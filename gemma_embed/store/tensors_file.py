@@ -86,9 +86,11 @@ def write_embedding_file(
     width: int,
     dtype: torch.dtype,
     row_blocks: Iterable[torch.Tensor],
+    own_folder: bool = False,
 ) -> Location:
     """Write one file atomically: `row_blocks` are the items' rows in order (each [rows_i, width], any dtype;
-    cast to `dtype` here), read one at a time, so the whole embedding matrix is never in memory."""
+    cast to `dtype` here), read one at a time, so the whole embedding matrix is never in memory. `own_folder`:
+    the file goes in a folder of the tool's own (parts: `Location.own_folder`)."""
     total_rows = sum(row_counts)
     element = torch.empty((), dtype=dtype).element_size()
     embedding_bytes = total_rows * width * element
@@ -109,7 +111,7 @@ def write_embedding_file(
     text = json.dumps(header, ensure_ascii=True, separators=(",", ":")).encode("ascii")
     text += b" " * (-len(text) % HEADER_ALIGNMENT)
     path = location(path)
-    with path.atomic_write() as fh:
+    with path.atomic_write(own_folder) as fh:
         fh.write(struct.pack("<Q", len(text)))
         fh.write(text)
         written = 0

@@ -23,15 +23,15 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from gemma_embed.device import DTYPES, dtype_name
 from gemma_embed.errors import UsageError
-from gemma_embed.locations import Location, location
+from gemma_embed.locations import Location, NotPlain, location
 from gemma_embed.store import tensors_file
 from gemma_embed.store.layout import (
     HEADER_CAP,
@@ -191,19 +191,20 @@ class EmbeddingWriter:
         self.last_flush = time.monotonic()
         if not self.pending:
             return
-        self.parts.makedirs(exist_ok=True)
         part = self.parts / f"part-{self.part_count:06d}.safetensors"
         keys = list(self.pending)
         metas = [meta for meta, _ in self.pending.values()]
         rows = [tensor for _, tensor in self.pending.values()]
-        tensors_file.write_embedding_file(
-            part,
-            file_metadata(self.header, self.dtype, keys, metas, [row_checksum(r) for r in rows]),
-            [r.shape[0] for r in rows],
-            rows[0].shape[1],
-            self.dtype,
-            rows,
-        )
+        with _own_parts_folder(self.parts, create=True):
+            tensors_file.write_embedding_file(
+                part,
+                file_metadata(self.header, self.dtype, keys, metas, [row_checksum(r) for r in rows]),
+                [r.shape[0] for r in rows],
+                rows[0].shape[1],
+                self.dtype,
+                rows,
+                own_folder=True,  # opened without following a link: a folder swapped for one after the check too
+            )
         self.part_count += 1
         for position, (key, meta) in enumerate(zip(keys, metas, strict=True)):
             self._remember(key, Saved(part, position, meta))
@@ -295,18 +296,32 @@ def previous_work(output: Where) -> tuple[list[Location], list[Location]]:
     Anything in `.parts` named like a part must be one."""
     parts = parts_folder(output)
     files: list[Location] = []
-    if parts.exists():
-        if not parts.isdir():
-            raise DamagedFile(parts, "is a file", "parts folder", RESUME_FIX)
+    if parts.lexists():
+        with _own_parts_folder(parts, create=False):
+            pass
         files = parts.glob("part-*.safetensors")
         for file in files:
             if not PART_NAME.fullmatch(file.name):
                 raise DamagedFile(file, "a name other than part-NNNNNN.safetensors", "part file", RESUME_FIX)
+            if file.islink():
+                raise DamagedFile(file, f"a symbolic link to {file.realpath()}; not followed", "part file", RESUME_FIX)
     try:
         previous = output_files(output)
     except DamagedFile as exc:
         raise exc.told(fix=RESUME_FIX) from None
     return previous, sorted(files, key=_part_number)
+
+
+@contextmanager
+def _own_parts_folder(parts: Location, create: bool) -> Iterator[None]:
+    """The parts folder is the output's own: a plain folder of this user's, never a link (resume would read and
+    write parts wherever it led), checked on entry and by every write in the block; anything else is one line
+    naming it (`DamagedFile`, exit 2; not the full disk's "free space and run again")."""
+    try:
+        parts.own_folder(create)
+        yield
+    except NotPlain as exc:
+        raise DamagedFile(parts, str(exc), "parts folder", RESUME_FIX) from None
 
 
 def check_output_path(path: Where, overwrite: bool, resume: bool = False) -> None:

@@ -14,7 +14,7 @@ import torch
 from helpers import ROOT
 
 import gemma_embed
-from gemma_embed import search as search_module
+from gemma_embed import store
 from gemma_embed.engine import Engine, encode_chain_list
 from gemma_embed.errors import UsageError
 from gemma_embed.media.audio import decode_audio
@@ -201,13 +201,13 @@ def test_a_query_of_another_width_is_refused(sample_index):
 def test_search_reads_blocks_not_the_whole_file(sample_index, monkeypatch):
     index, _ = sample_index
     sizes = []
-    real = search_module.store.iter_row_blocks
+    real = store.iter_row_blocks
 
     def spy(path, rows, files=None):
         for block in real(path, rows, files):
             sizes.append(block.rows.shape[0])
             yield block
 
-    monkeypatch.setattr(search_module.store, "iter_row_blocks", spy)
+    monkeypatch.setattr(store, "iter_row_blocks", spy)
     search(index, torch.ones(384), k=2, block_rows=2)
     assert max(sizes) == 2 and sum(sizes) == len(gemma_embed.load(index))

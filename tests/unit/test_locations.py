@@ -9,14 +9,14 @@ import os
 import pickle
 import stat
 import threading
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import fsspec.core
 import numpy as np
 import pytest
 
 from gemma_embed.errors import UsageError
-from gemma_embed.locations import Location, NotRegularFile, location, split_protocol
+from gemma_embed.locations import Location, NotPlain, NotRegularFile, location, split_protocol
 
 LOCAL_NAMES = ["a.jpg", "./a.jpg", "photos/", "photos//sub/./x.tar", "/abs/x.safetensors", ".", "", "a/../b.png"]
 
@@ -215,7 +215,8 @@ def test_an_atomic_write_lands_in_the_folder_it_opened_when_the_path_changes_mea
 def test_a_temp_path_is_a_new_file_beside_the_target_that_becomes_it(tmp_path):
     target = location(tmp_path / "rows.npy")
     with target.temp_path() as tmp:
-        assert PurePosixPath(tmp).parent == PurePosixPath(tmp_path) and os.path.getsize(tmp) == 0
+        (beside,) = os.listdir(tmp_path)  # the temporary file, created by the seam beside the target
+        assert beside.endswith(".tmp") and os.path.samefile(tmp, tmp_path / beside) and os.path.getsize(tmp) == 0
         array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(3, 2))
         array[:] = 1.5
         array.flush()
@@ -226,18 +227,71 @@ def test_a_temp_path_is_a_new_file_beside_the_target_that_becomes_it(tmp_path):
     assert os.listdir(tmp_path) == ["rows.npy"]
 
 
-def test_the_lock_file_is_never_opened_through_a_link(tmp_path):
+def test_a_link_swapped_in_for_a_temp_file_redirects_nothing_and_is_never_renamed_into_place(tmp_path):
+    victim = tmp_path / "elsewhere" / "victim.npy"
+    victim.parent.mkdir()
+    victim.write_bytes(b"keep")
+    out = tmp_path / "out"
+    out.mkdir()
+    with (
+        pytest.raises(NotPlain, match="was replaced while it was written"),
+        location(out / "rows.npy").temp_path() as tmp,
+    ):
+        (name,) = os.listdir(out)
+        os.unlink(out / name)
+        os.symlink(victim, out / name)  # an attacker's link under the temporary name, before the writer opens it
+        np.save(open(tmp, "wb"), np.ones(3))  # noqa: SIM115 - a writer that opens the name it was given
+    assert victim.read_bytes() == b"keep" and not (out / "rows.npy").exists()
+    assert os.path.islink(out / name)  # the attacker's entry is left alone, not removed as if it were ours
+
+
+def test_the_lock_file_is_never_opened_through_a_link_nor_a_hard_link(tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_bytes(b"keep")
     os.symlink(victim, tmp_path / "out.lock")
-    with pytest.raises(OSError, match="symbolic links"):
+    with pytest.raises(NotPlain, match=f"a symbolic link to {victim}; not followed"):
         location(tmp_path / "out.lock").open_lock()
+    os.link(victim, tmp_path / "hard.lock")
+    with pytest.raises(NotPlain, match="a file with 2 names"):
+        location(tmp_path / "hard.lock").open_lock()
+    os.mkfifo(tmp_path / "fifo.lock")
+    with pytest.raises(NotPlain, match="is a FIFO"):  # and no wait for a writer
+        location(tmp_path / "fifo.lock").open_lock()
     assert victim.read_bytes() == b"keep"
     fd = location(tmp_path / "new.lock").open_lock()
     try:
         assert location(tmp_path / "new.lock").names(fd) and not location(tmp_path / "victim.txt").names(fd)
     finally:
         os.close(fd)
+
+
+def test_an_own_folder_is_a_plain_folder_of_this_user_and_files_go_in_it_without_following_a_link(
+    tmp_path, monkeypatch
+):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    parts = location(tmp_path / "out.parts")
+    parts.own_folder()  # created
+    assert os.path.isdir(parts) and not os.path.islink(parts)
+    with (parts / "part-0").atomic_write(own_folder=True) as fh:
+        fh.write(b"rows")
+    assert (tmp_path / "out.parts" / "part-0").read_bytes() == b"rows"
+    os.rename(parts, tmp_path / "old.parts")
+    os.symlink(elsewhere, parts)
+    with pytest.raises(NotPlain, match=f"a symbolic link to {elsewhere}; not followed"):
+        parts.own_folder(create=False)
+    # Checked, then swapped for a link: the write itself opens the folder without following it.
+    for write in (lambda: (parts / "part-1").atomic_write(own_folder=True), lambda: (parts / "x").temp_path(True)):
+        with pytest.raises(NotPlain, match="a symbolic link"), write():
+            pytest.fail("written through the link")
+    assert os.listdir(elsewhere) == []
+    os.unlink(parts)
+    parts.write_bytes(b"")
+    with pytest.raises(NotPlain, match="is a file"):
+        parts.own_folder()
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(tmp_path / "old.parts").st_uid + 1)  # another user's
+    with pytest.raises(NotPlain, match="owned by user"):
+        location(tmp_path / "old.parts").own_folder()
 
 
 def test_a_folder_that_takes_no_new_file_fails_the_probe_and_nothing_is_left(tmp_path):

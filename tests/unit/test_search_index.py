@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gemma_embed import index as ann
-from gemma_embed import search as search_module
+from gemma_embed import store
 from gemma_embed.errors import UsageError
 from gemma_embed.progress import Reporter
 from gemma_embed.search import Query, QueryResult, render_results, search, search_many
@@ -104,7 +104,7 @@ def test_hits_metadata_comes_from_the_table_without_parsing_headers(tmp_path, mo
     items = list(clustered(50, 8).split(1))
     output = write(tmp_path / "o.safetensors", items)
     ann.build_index(output, "flat")
-    monkeypatch.setattr(search_module.store, "output_index", lambda *a: pytest.fail("parsed every file's header"))
+    monkeypatch.setattr(store, "output_index", lambda *a: pytest.fail("parsed every file's header"))
     hits = search(output, items[7][0], k=2)
     assert hits[0].key == "item00007" and hits[0].path == "/data/7" and hits[0].item["rows"] == 1
 

@@ -1,0 +1,47 @@
+"""The forms of hits shown as lines of text: an aligned table, JSON lines, and many queries' results in either."""
+
+from __future__ import annotations
+
+import json
+
+from gemma_embed.search.hits import SearchHit
+from gemma_embed.search.queries import QueryResult
+
+
+def render_table(hits: list[SearchHit]) -> str:
+    """Aligned plain text: rank, score, key, path, and the video time when any hit has one; keys and paths with
+    their control characters escaped (`terminal.printable`), as on every line the tool shows people."""
+    from gemma_embed.terminal import printable
+
+    timed = any(h.timestamp is not None for h in hits)
+    header = ["rank", "score", "key", "path"] + (["time_s"] if timed else [])
+    rows = [
+        [str(h.rank), f"{h.score:.4f}", printable(h.key), printable(h.path or "")]
+        + ([_seconds(h.timestamp)] if timed else [])
+        for h in hits
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
+    return "\n".join(lines) + "\n"
+
+
+def render_jsonl(hits: list[SearchHit], result: QueryResult | None = None) -> str:
+    """One JSON record per hit; with `result`, each carries its query (text or file, modality, place in the list)."""
+    extra = {**result.query.record(), "query_index": result.position} if result is not None else {}
+    return "".join(json.dumps({**extra, **h.record()}, ensure_ascii=True) + "\n" for h in hits)
+
+
+def render_results(results: list[QueryResult], jsonl: bool = False) -> str:
+    """Many queries' hits: JSON lines carrying their query, or one table per query under its title (one query:
+    its table alone)."""
+    if jsonl:
+        return "".join(render_jsonl(r.hits, r) for r in results if r.error is None)
+    answered = [r for r in results if r.error is None]
+    head = f"{answered[0].scoring}\n" if answered and answered[0].scoring else ""
+    if len(results) == 1:
+        return head + render_table(answered[0].hits) if answered else ""
+    return head + "\n".join(f"query {r.position + 1}: {r.query.describe()}\n" + render_table(r.hits) for r in answered)
+
+
+def _seconds(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
