@@ -217,8 +217,6 @@ ITEM_BUDGET_SHARE = 4
 ITEM_BYTES_FLOOR = 256 << 20
 
 
-
-
 def default_item_bytes(free: int, total: int, spec: BudgetSpec = BudgetSpec()) -> int:
     """The largest item read by default: a quarter of the memory budget applied to host memory (`memory.budget`:
     min(free/2, total/10), or --memory-budget capped at what is free), at least ITEM_BYTES_FLOOR."""
