@@ -81,6 +81,15 @@ NOT_OURS = ErrorKind(
     "random bytes): nothing was done.",
     ("error: FILE: not a KIND (REASON); FIX", "error: FILE: Permission denied"),
 )
+STALE_INDEX = ErrorKind(
+    "search index not current",
+    2,
+    "The output's search index (OUT.search-index and OUT.faiss, written by gemma-embed index) is not the one built "
+    "from the output as it is now: made for another output or before the output changed, from other vectors, "
+    "damaged, or not a regular file. Nothing was searched; rebuild it with gemma-embed index OUT, or search with "
+    "--exact.",
+    ("error: FILE: REASON; run gemma-embed index OUT again, or search with --exact",),
+)
 BUSY = ErrorKind(
     "output busy",
     2,
@@ -101,7 +110,7 @@ INTERRUPTED = ErrorKind(
     adds_signal=True,
 )
 # Every kind, in the order docs/exit-codes.md lists them.
-EXIT_STATUS = (OK, ITEMS_FAILED, RUN_STOPPED, OUT_OF_MEMORY, USAGE, MISSING, NOT_OURS, BUSY, INTERRUPTED)
+EXIT_STATUS = (OK, ITEMS_FAILED, RUN_STOPPED, OUT_OF_MEMORY, USAGE, MISSING, NOT_OURS, STALE_INDEX, BUSY, INTERRUPTED)
 
 
 class GemmaEmbedError(Exception):
@@ -135,6 +144,17 @@ class NotOurs(UsageError):
     """A file that cannot be read, or is not one the command reads (`store.damage.DamagedFile`: an output's)."""
 
     error_kind = NOT_OURS
+
+
+class IndexNotCurrent(UsageError):
+    """The output's search index cannot be trusted for it (index.py): `FILE: REASON; run gemma-embed index OUT
+    again, or search with --exact`."""
+
+    error_kind = STALE_INDEX
+
+    def __init__(self, file: object, reason: str, output: object) -> None:
+        self.file, self.reason, self.output = file, " ".join(str(reason).split()), output
+        super().__init__(f"{file}: {self.reason}; run gemma-embed index {output} again, or search with --exact")
 
 
 class OutputBusy(UsageError):

@@ -37,9 +37,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from gemma_embed import store
-from gemma_embed.errors import UsageError
+from gemma_embed.errors import IndexNotCurrent, UsageError
 from gemma_embed.locations import Location, filesystem_for, location
 from gemma_embed.store import row_table
+from gemma_embed.store.digests import file_digests, sampled_sha256
+from gemma_embed.store.layout import relative_name
 
 KINDS = ("auto", "flat", "ivf", "hnsw")
 METRICS = ("cosine",)
@@ -79,8 +81,9 @@ class Opened:
 
 
 class _Searcher:
-    def __init__(self, index, record: dict):
+    def __init__(self, index, record: dict, where: Location, output: Location):
         self.index = index
+        self.rows, self.where, self.output = int(record["rows"]), where, output
         settings = record["settings"]
         if "nprobe" in settings:
             index.nprobe = int(settings["nprobe"])
@@ -90,52 +93,105 @@ class _Searcher:
     def candidates(self, queries: np.ndarray, rows: int) -> np.ndarray:
         """The `rows` best rows of each unit query by inner product (-1 where the index has fewer)."""
         _, ids = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), int(rows))
+        if ids.size and int(ids.max()) >= self.rows:  # damaged past what its digest samples: not our rows
+            raise IndexNotCurrent(self.where, f"proposes row {int(ids.max())} of an output of {self.rows}", self.output)
         return ids
 
 
 def open_index(output: str | os.PathLike, exact: bool = False) -> Opened | None:
-    """The output's index when it has one that is current; None when it has none. An index for another output, or
-    made before the output last changed, is refused in one line (with `exact` it is only set aside: the exact
-    search reads the output itself)."""
+    """The output's index when it has one that is current; None when it has none. An index that cannot be trusted
+    for the output as it is now (made for another output or before it changed, from other vectors, damaged, not a
+    regular file) is refused in one line, `IndexNotCurrent`, that says to rebuild it; with `exact` it is only set
+    aside (the exact search reads the output itself).
+
+    What is checked, on every open (cheaply: measured in bench/bench_index_checks.py): the record's fields and the
+    names it reads (inside the output's folder, the output's own files), each file's size, time and sampled
+    content digest against the record (store/digests.py), the table's arrays against each other and sampled rows
+    of the output (`row_table.check_table`), and the faiss file's digest, kind, width and count."""
     output = location(output)
     path = row_table.table_path(output)
-    if not path.exists():
+    if not path.lexists():
         return None
     try:
-        record = row_table.read_record(path)
-    except (ValueError, KeyError) as exc:
+        return _open_checked(output, path, exact)
+    except IndexNotCurrent:
         if exact:
             return None
-        raise UsageError(f"{exc}; run gemma-embed index {output} again, or search with --exact") from None
+        raise
+
+
+def _open_checked(output: Location, path: Location, exact: bool) -> Opened:
+    def refuse(where: Location, reason: str) -> IndexNotCurrent:
+        return IndexNotCurrent(where, reason, output)
+
+    try:
+        record = row_table.read_record(path)
+    except (ValueError, OSError) as exc:  # a FIFO or device in its place is a NotRegularFile, a ValueError
+        raise refuse(path, _reason(exc, path)) from None
     problem = _mismatch(record, output)
     if problem is not None:
-        if exact:
-            return None
-        raise UsageError(f"{path}: {problem}; run gemma-embed index {output} again, or search with --exact")
-    table = row_table.load_table(path, record)
+        raise refuse(path, problem)
+    try:
+        table = row_table.load_table(path, record)
+    except (ValueError, OSError) as exc:
+        raise refuse(path, _reason(exc, path)) from None
     if exact or record["kind"] == "flat":
         return Opened(table, record, None)
     faiss = _faiss(f"{path}: searching an {record['kind']} index", ", or search with --exact")
-    recorded, index_file = record.get("faiss") or {}, faiss_path(output)
-    info = index_file.info() if index_file.exists() else None
-    if info is None or (info["size"], info["mtime_ns"]) != (recorded.get("size"), recorded.get("mtime_ns")):
-        raise UsageError(
-            f"{index_file}: missing or not the file {path.name} was built with (an interrupted build?); "
-            f"run gemma-embed index {output} again, or search with --exact"
+    index_file = faiss_path(output)
+    return Opened(table, record, _Searcher(_read_faiss(faiss, index_file, record, refuse), record, index_file, output))
+
+
+def _reason(exc: BaseException, file: Location) -> str:
+    """An error's message without the file's name in front (the refusal names the file itself)."""
+    text = " ".join((getattr(exc, "strerror", None) or str(exc)).split())
+    return text.removeprefix(f"{file}: ")
+
+
+def _read_faiss(faiss, index_file: Location, record: dict, refuse):
+    """The index's faiss file, if it is the one the record was built with: the same size and time, the same
+    sampled content digest, and, read, an index of the recorded kind over the output's rows and width."""
+    recorded = record.get("faiss")
+    if not isinstance(recorded, dict) or not index_file.lexists():
+        raise refuse(index_file, f"missing (an interrupted build?); {record['kind']} indexes have one")
+    try:
+        with index_file.input_by_name() as (fh, name):
+            st = os.fstat(fh.fileno())
+            if (st.st_size, st.st_mtime_ns) != (recorded["size"], recorded["mtime_ns"]):
+                raise refuse(index_file, "not the file it was built with (changed since, or an interrupted build?)")
+            if sampled_sha256(fh, st.st_size) != recorded["sampled_sha256"]:
+                raise refuse(index_file, "not the file it was built with (its content digest differs)")
+            index = faiss.read_index(name)
+    except (ValueError, OSError) as exc:  # a FIFO or device in its place: refused unopened
+        raise refuse(index_file, _reason(exc, index_file)) from None
+    except RuntimeError as exc:  # faiss's own error for bytes it cannot read
+        raise refuse(index_file, f"not a faiss index faiss can read ({_reason(exc, index_file)[:200]})") from None
+    kinds = {"ivf": faiss.IndexIVF, "hnsw": faiss.IndexHNSW}
+    if not isinstance(index, kinds[record["kind"]]):
+        raise refuse(index_file, f"a faiss {type(index).__name__}, not the {record['kind']} index it was built as")
+    if index.d != record["width"] or index.ntotal != record["rows"]:
+        raise refuse(
+            index_file,
+            f"holds {index.ntotal} vectors of {index.d} dimensions, the output {record['rows']} of {record['width']}",
         )
-    return Opened(table, record, _Searcher(faiss.read_index(index_file.local_path()), record))
+    if index.metric_type != faiss.METRIC_INNER_PRODUCT:
+        raise refuse(index_file, "does not rank by inner product, as a cosine index does")
+    return index
 
 
 def _mismatch(record: dict, output: Location) -> str | None:
-    recorded = record.get("output") or []
+    recorded = record["output"]
     try:
-        now = [e["name"] for e in row_table.fingerprint(output)]
-    except FileNotFoundError as exc:
+        listed = row_table.listing(output)  # read once: a sharded output's index lists every key
+    except (FileNotFoundError, ValueError) as exc:  # a damaged OUT.index.json: a DamagedFile, a ValueError
         return str(exc)
-    names = [e["name"] for e in recorded]
+    names, now = [e["name"] for e in recorded], [relative_name(f, output.parent) for f in listed]
     if now != names:
         return f"made for another output ({', '.join(names)}), not {', '.join(now)}"
-    changed = row_table.compare_fingerprint(recorded, output)
+    files = now[1:] if listed[0].suffix == ".json" else now  # the rows are in the files, not the shard index
+    if [f["name"] for f in record["files"]] != files:
+        return f"its rows are read from {', '.join(f['name'] for f in record['files'])}, not the output's files"
+    changed = row_table.compare_fingerprint(recorded, output, listed)
     return None if changed is None else f"the output changed after it was indexed ({changed})"
 
 
@@ -143,13 +199,13 @@ def output_header(output: str | os.PathLike) -> dict:
     """The output's run metadata (model, space, width...): from its current index when it has one (no JSON
     header parsed), else from its first file."""
     path = row_table.table_path(output)
-    if path.exists():
+    if path.lexists():
         try:
             record = row_table.read_record(path)
             if _mismatch(record, location(output)) is None:
                 return record["header"]
-        except (ValueError, KeyError):
-            pass
+        except (ValueError, OSError):
+            pass  # open_index says what is wrong with it
     files = store.output_files(output)
     if not files:
         raise FileNotFoundError(f"{output}: no such output (neither the file nor its .index.json)")
@@ -173,7 +229,8 @@ def build_index(output: str | os.PathLike, kind: str = "auto", metric: str = "co
     store.check_output_folder(row_table.table_path(output))  # the line every command gives, before any work
     started = time.monotonic()
     say = _Notes(reporter)
-    fingerprint = row_table.fingerprint(output)  # before reading: a change while building makes the index stale
+    # Before reading, with the content's digests: a change while building makes the index stale.
+    fingerprint = row_table.fingerprint(output, digests=True)
     try:
         table, lines = row_table.build_table(output, lambda done, total: say.progress("read", done, total))
     except ValueError as exc:
@@ -205,7 +262,12 @@ def build_index(output: str | os.PathLike, kind: str = "auto", metric: str = "co
         with index_file.temp_path() as tmp:
             faiss.write_index(built, tmp)
         info = index_file.info()
-        record["faiss"] = {"name": index_file.name, "size": info["size"], "mtime_ns": info["mtime_ns"]}
+        record["faiss"] = {
+            "name": index_file.name,
+            "size": info["size"],
+            "mtime_ns": info["mtime_ns"],
+            **{k: v for k, v in file_digests(index_file).items() if k != "size"},
+        }
     record["output"] = fingerprint
     record["seconds"] = round(time.monotonic() - started, 3)
     path = row_table.table_path(output)

@@ -1,12 +1,16 @@
-"""Hostile inputs the tests build: a checkpoint that ships its own code, names a terminal would act on."""
+"""Hostile inputs the tests build: a checkpoint that ships its own code, names a terminal would act on, a run
+stopped where a test wants it (to find its parts folder swapped), and files compared byte for byte."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from helpers import ROOT
+from helpers import ROOT, SAMPLE_MODEL, SLOW_EXE
 
 EG2 = ROOT / "samples" / "tiny-embeddinggemma2"
 
@@ -59,3 +63,38 @@ def edit_json(path: Path, edit) -> None:
 def control_bytes(data: bytes) -> list[int]:
     """The bytes a terminal acts on (C0 controls and DEL), the line-ending newlines left out."""
     return [b for b in data.replace(b"\n", b"") if b < 0x20 or b == 0x7F]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` (not following links) and its bytes: what "unchanged, byte for byte" compares."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+class GatedRun:
+    """A real `gemma-embed images` run (tests/slow_gemma_embed.py --gate) that saves a part per item and holds each
+    device batch until the test lets it through, so the test decides how far it gets and what it finds on disk."""
+
+    def __init__(self, tmp_path: Path, images: Path, out: Path):
+        self.gate = tmp_path / "gate"
+        self.gate.mkdir()
+        self.parts = out.with_name(out.name + ".parts")
+        self.args = [str(a) for a in (sys.executable, SLOW_EXE, "--gate", self.gate, "images", images)]
+        self.args += ["--model", str(SAMPLE_MODEL), "-o", str(out), "--flush-every", "1", "--batch-size", "1"]
+        self.args += ["--max-soft-tokens", "70"]
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def let_through(self, batch: int) -> None:
+        (self.gate / str(batch)).touch()
+
+    def wait_for_parts(self, count: int) -> None:
+        deadline = time.monotonic() + 120  # only against a hang
+        while len(list(self.parts.glob("part-*.safetensors"))) < count:
+            assert self.proc.poll() is None, self.proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "no parts were saved"
+            time.sleep(0.05)
+
+    def finish(self, signal: int | None = None) -> subprocess.CompletedProcess:
+        if signal is not None:
+            self.proc.send_signal(signal)
+        stdout, stderr = self.proc.communicate(timeout=120)
+        return subprocess.CompletedProcess(self.args, self.proc.returncode, stdout.decode(), stderr.decode())

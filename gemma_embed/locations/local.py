@@ -161,6 +161,16 @@ class LocalFiles:
             raise
         return fh
 
+    @contextlib.contextmanager
+    def input_by_name(self, path: str) -> Iterator[tuple[BinaryIO, str]]:
+        """A user's file for a library that opens by name (safetensors, faiss, numpy's memmap): the file opened as
+        an input first (`open_input`: a FIFO or a device is refused unopened, without waiting), and a name for it,
+        its descriptor's own (`/proc/self/fd/N`, where the system has it), so that the library reads the very file
+        that was checked, whatever is put at `path` meanwhile. A mapping the library makes outlives the block."""
+        with self.open_input(path) as fh:
+            by_descriptor = f"/proc/self/fd/{fh.fileno()}"
+            yield fh, by_descriptor if os.path.exists(by_descriptor) else path
+
     def facts(self, path: str) -> dict[str, Any]:
         """Size, modification time and SHA-256 of the content: how `--resume` tells a changed file. The content is
         read once, a block at a time."""

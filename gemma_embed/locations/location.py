@@ -207,6 +207,9 @@ class Location:
     def open_input(self) -> BinaryIO:
         return self.fs.open_input(self.path)
 
+    def input_by_name(self) -> contextlib.AbstractContextManager[tuple[BinaryIO, str]]:
+        return self.fs.input_by_name(self.path)
+
     def facts(self) -> dict[str, Any]:
         return self.fs.facts(self.path)
 

@@ -7,13 +7,17 @@ import os
 
 import torch
 
-from gemma_embed.errors import UsageError
+from gemma_embed.errors import IndexNotCurrent, UsageError
 from gemma_embed.search.exact import exact_top
 from gemma_embed.search.hits import SearchHit, make_hit
 from gemma_embed.search.indexed import candidate_rows, rescored
 from gemma_embed.search.rows import OutputRows, TableRows
+from gemma_embed.store.row_table import table_path
 
 BLOCK_ROWS = 65_536
+# No cosine exceeds 1; rounding of float16 rows and float32 sums gives at most 1e-6 more. A hit scoring past this
+# through a row table was divided by a wrong norm (a damaged table, which its sampled check can miss).
+COSINE_MAX = 1.0 + 1e-3
 _UNSET = object()
 
 
@@ -51,6 +55,7 @@ def search_many(
 
     if opened is _UNSET:
         opened = ann.open_index(index, exact=exact)
+    asked = queries
     source = TableRows(opened.table) if opened is not None else OutputRows(index)
     k = max(1, int(k))
     if opened is not None and opened.searcher is not None:
@@ -59,4 +64,9 @@ def search_many(
     else:
         queries = prepare_queries(queries, None, index)
         found = exact_top(source, queries, k, max(1, int(block_rows)), index)
+    best = max((entry[0] for entries in found for entry in entries), default=0.0)
+    if opened is not None and best > COSINE_MAX:  # a norm the table records is wrong at a row it found
+        if exact:  # set aside, as --exact sets aside any index it cannot trust: the output's own rows and norms
+            return search_many(index, asked, k, block_rows, exact, opened=None)
+        raise IndexNotCurrent(table_path(index), f"a row's recorded norm is wrong (it scored {best:.3g})", index)
     return [[make_hit(rank, source, *entry) for rank, entry in enumerate(best, 1)] for best in found]

@@ -96,6 +96,9 @@ def read_index(index: Location) -> dict:
     shards = content.get("shards") if isinstance(content, dict) else None
     if not isinstance(shards, list) or not all(isinstance(name, str) for name in shards):
         raise DamagedFile(index, "no list of files under shards", kind)
+    outside = next((name for name in shards if not inside_folder(name)), None)
+    if outside is not None:
+        raise DamagedFile(index, f"names {outside!r}, outside its folder", kind)
     keys = content.get("keys", {})
     if not isinstance(keys, dict) or not all(isinstance(n, int) and 0 <= n < len(shards) for n in keys.values()):
         raise DamagedFile(index, "keys is not a map of key to file number", kind)
@@ -147,6 +150,12 @@ def check_output_folder(path: Where) -> Location:
 def relative_name(file: Location, folder: Location) -> str:
     """How a file of an output is named in a file beside it (an index, a search table): relative to its folder."""
     return posixpath.relpath(file.path, folder.path)
+
+
+def inside_folder(name: str) -> bool:
+    """Whether a file name read from a file beside an output (a table's record, an output's index) stays inside the
+    output's folder: relative, and without `..`."""
+    return bool(name) and not posixpath.isabs(name) and ".." not in name.split("/") and "\0" not in name
 
 
 def write_index(output: Where, files: list[Location], located: list[tuple[str, int]]) -> Location:

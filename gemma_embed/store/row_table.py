@@ -24,15 +24,35 @@ import numpy as np
 
 from gemma_embed import FORMAT, __version__
 from gemma_embed.locations import Location, location
-from gemma_embed.store.layout import index_path, output_files, relative_name
+from gemma_embed.store.digests import file_digests, sampled_sha256
+from gemma_embed.store.layout import index_path, inside_folder, output_files, relative_name
 
-TABLE_FORMAT = "gemma-embed-search/1"
+TABLE_FORMAT = "gemma-embed-search/2"  # /1 recorded no digests: refused, to be built again
 TABLE_SUFFIX = ".search-index"
 # Norms are computed this many rows at a time (float32 copies of one block: 200 MB at 768 wide).
 NORM_BLOCK_ROWS = 65_536
 NUMPY_DTYPES = {"F16": np.float16, "F32": np.float32, "BF16": np.uint16, "I64": np.int64, "U8": np.uint8}
 STORED_DTYPES = {"F16": "float16", "F32": "float32", "BF16": "bfloat16"}
 SAFETENSORS_NAMES = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64", np.dtype(np.uint8): "U8"}
+TABLE_ARRAYS = {"norms": np.float32, "item_rows": np.int64, "file_items": np.int64, "line_starts": np.int64}
+# Rows whose norms a search recomputes from the output when it opens the table (evenly spread): a table of other
+# vectors, or with its norms damaged, differs there. Their norms are computed as the build computed them
+# (float32 of the stored rows), so they agree to rounding.
+NORM_SAMPLE_ROWS = 32
+# What a table's record holds (write_table, index.build_index), checked before any field is used.
+RECORD_FIELDS: dict[str, type] = {
+    "kind": str,
+    "rows": int,
+    "width": int,
+    "items": int,
+    "files": list,
+    "output": list,
+    "settings": dict,
+    "header": dict,
+    "faiss": dict,
+}
+RECORD_TYPES = {str: "text", int: "whole number", list: "JSON list", dict: "JSON object"}
+NORM_TOLERANCE = 1e-4
 
 
 def output_stem(output: str | os.PathLike) -> Location:
@@ -49,8 +69,11 @@ def table_path(output: str | os.PathLike) -> Location:
 # ------------------------------------------------------------------------------------------ fingerprint
 
 
-def _listing(output: Location) -> list[Location]:
-    """The files whose change makes a table stale: the shard index (when there is one) and every file."""
+def listing(output: str | os.PathLike | Location) -> list[Location]:
+    """The files whose change makes a table stale: the shard index (when there is one) and every file. Reading a
+    sharded output's index parses every key it lists (a third of a 200,000-row query's time): a caller that needs
+    the list twice passes it on (`files=`)."""
+    output = location(output)
     files = output_files(output)
     if not files:
         raise FileNotFoundError(f"{output}: no such output (neither the file nor its .index.json)")
@@ -59,32 +82,47 @@ def _listing(output: Location) -> list[Location]:
     return [output if output.suffix == ".json" else index_path(output), *files]
 
 
-def fingerprint(output: str | os.PathLike) -> list[dict]:
+def fingerprint(output: str | os.PathLike, digests: bool = False, files: list[Location] | None = None) -> list[dict]:
     """What the output is now: per file, its name relative to the output's folder, size and modification time
-    (for a sharded output the shard index comes first). Any rewrite changes the time; a copy that keeps the
-    bytes but not the times counts as changed too (telling them apart would mean reading every row)."""
+    (for a sharded output the shard index comes first); with `digests`, the whole and sampled SHA-256 of its
+    content too (store/digests.py: read once, when the index is built). Any rewrite changes the time; a copy
+    that keeps the bytes but not the times counts as changed too (telling them apart would mean reading every
+    row)."""
     where = location(output)
     entries = []
-    for file in _listing(where):
+    for file in listing(where) if files is None else files:
         info = file.info()
-        entries.append({"name": relative_name(file, where.parent), "size": info["size"], "mtime_ns": info["mtime_ns"]})
+        entry = {"name": relative_name(file, where.parent), "size": info["size"], "mtime_ns": info["mtime_ns"]}
+        if digests:
+            facts = file_digests(file)
+            entry.update(sha256=facts["sha256"], sampled_sha256=facts["sampled_sha256"])
+        entries.append(entry)
     return entries
 
 
-def compare_fingerprint(recorded: list[dict], output: str | os.PathLike) -> str | None:
-    """None when the output is the one recorded; else one sentence saying what differs."""
+def compare_fingerprint(
+    recorded: list[dict], output: str | os.PathLike, files: list[Location] | None = None
+) -> str | None:
+    """None when the output is the one recorded; else one sentence saying what differs. Past the names, each
+    file's size, time and sampled digest, from one open of it: the same size and time with other bytes (a file
+    copied over and its time set back, rows rewritten in place) is another output."""
+    where = location(output)
     try:
-        now = fingerprint(output)
-    except FileNotFoundError as exc:
-        return str(exc)
-    names = [e["name"] for e in recorded]
-    if [e["name"] for e in now] != names:
-        return f"it covers {', '.join(names)}, the output now has {', '.join(e['name'] for e in now)}"
-    for old, new in zip(recorded, now, strict=True):
-        if old["size"] != new["size"]:
-            return f"{new['name']} is now {new['size']} bytes, {old['size']} when indexed"
-        if old["mtime_ns"] != new["mtime_ns"]:
-            return f"{new['name']} was modified after indexing"
+        files = listing(where) if files is None else files
+        names = [relative_name(file, where.parent) for file in files]
+        if names != [e["name"] for e in recorded]:
+            return f"it covers {', '.join(e['name'] for e in recorded)}, the output now has {', '.join(names)}"
+        for old, name, file in zip(recorded, names, files, strict=True):
+            with file.open_input() as fh:
+                st = os.fstat(fh.fileno())
+                if old["size"] != st.st_size:
+                    return f"{name} is now {st.st_size} bytes, {old['size']} when indexed"
+                if old["mtime_ns"] != st.st_mtime_ns:
+                    return f"{name} was modified after indexing"
+                if sampled_sha256(fh, st.st_size) != old["sampled_sha256"]:
+                    return f"{name} holds other bytes than the ones indexed (its content digest differs)"
+    except (OSError, ValueError) as exc:  # missing, not a regular file (a FIFO: refused unopened), a damaged index
+        return " ".join(str(exc).split())
     return None
 
 
@@ -106,9 +144,8 @@ class TableFile:
         bfloat16 rows come as uint16 (numpy has no bfloat16; torch views them as one)."""
         if self.rows == 0:
             return np.zeros((0, self.width), NUMPY_DTYPES[self.dtype])
-        return np.memmap(
-            self.path.local_path(), NUMPY_DTYPES[self.dtype], "c", self.data_start, (self.rows, self.width)
-        )
+        with self.path.input_by_name() as (_, name):  # the file checked is the file mapped (no FIFO: no wait)
+            return np.memmap(name, NUMPY_DTYPES[self.dtype], "c", self.data_start, (self.rows, self.width))
 
 
 def read_file_header(file: str | os.PathLike | Location) -> tuple[dict, dict, int]:
@@ -308,41 +345,152 @@ def _write_safetensors(path: Location, metadata: dict[str, str], arrays: dict[st
 
 
 def read_record(path: str | os.PathLike | Location) -> dict:
-    """The record of a table file (what it covers, how its index was built), reading none of its arrays."""
+    """The record of a table file (what it covers, how its index was built), checked field by field, reading none
+    of its arrays. A file that is not one (a FIFO: refused unopened), or whose record is not what `write_table`
+    writes, is a ValueError naming it."""
     from safetensors import SafetensorError, safe_open
 
     path = location(path)
     try:
-        with safe_open(path.local_path(), framework="numpy") as fh:
+        with path.input_by_name() as (_, name), safe_open(name, framework="numpy") as fh:
             meta = fh.metadata() or {}
     except SafetensorError as exc:
         raise ValueError(f"{path}: not a {TABLE_FORMAT} file ({' '.join(str(exc).split())})") from None
     if meta.get("format") != TABLE_FORMAT:
-        raise ValueError(f"{path}: not a {TABLE_FORMAT} file (format={meta.get('format')!r})")
-    return json.loads(meta["record"])
+        earlier = (
+            " made by an earlier gemma-embed, without digests"
+            if meta.get("format", "").startswith("gemma-embed-search/")
+            else ""
+        )
+        raise ValueError(f"{path}: not a {TABLE_FORMAT} file (format={meta.get('format')!r}{earlier})")
+    try:
+        record = json.loads(meta.get("record", ""))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not a {TABLE_FORMAT} file (its record is not valid JSON: {exc})") from None
+    problem = _record_problem(record)
+    if problem is not None:
+        raise ValueError(f"{path}: not a {TABLE_FORMAT} file ({problem})")
+    return record
+
+
+def _record_problem(record: Any) -> str | None:
+    """What is wrong with a table's record, in words; None when every field `load_table` and a search read is
+    there with its type, and every file it names lies inside the output's folder."""
+    if not isinstance(record, dict):
+        return f"its record is a JSON {type(record).__name__}, not an object"
+    for name, kind in RECORD_FIELDS.items():
+        value = record.get(name, {} if name == "faiss" else None)  # faiss: only an IVF or HNSW index has one
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"its record has no {RECORD_TYPES[kind]} {name!r}"
+    if record["kind"] not in ("flat", "ivf", "hnsw"):
+        return f"its record names an unknown kind {record['kind']!r}"
+    entries = [*record["files"], *record["output"], *([record["faiss"]] if "faiss" in record else [])]
+    for entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            return "its record lists a file without a name"
+        if not inside_folder(entry["name"]):
+            return f"its record names {entry['name']!r}, outside the output's folder"
+    for entry in record["files"]:
+        if entry.get("dtype") not in STORED_DTYPES or not all(
+            isinstance(entry.get(n), int) and entry[n] >= 0 for n in ("data_start", "rows")
+        ):
+            return f"its record's entry for {entry['name']!r} has no usable dtype, data_start or rows"
+    for entry in [*record["output"], *([record["faiss"]] if "faiss" in record else [])]:
+        if not all(isinstance(entry.get(n), int) for n in ("size", "mtime_ns")) or not isinstance(
+            entry.get("sampled_sha256"), str
+        ):
+            return f"its record's entry for {entry['name']!r} has no size, time and content digest"
+    return None
 
 
 def load_table(path: str | os.PathLike | Location, record: dict) -> RowTable:
-    """The table of a (checked) table file: small arrays read, key/metadata lines memory-mapped."""
-    from safetensors import safe_open
+    """The table of a (checked) table file: small arrays read and checked (`check_table`), key/metadata lines
+    memory-mapped. A table that does not hold together is a ValueError naming the file."""
+    from safetensors import SafetensorError, safe_open
 
     path = location(path)
     folder = path.parent
-    with safe_open(path.local_path(), framework="numpy") as fh:
-        norms, item_rows, file_items, starts = (
-            fh.get_tensor(n) for n in ("norms", "item_rows", "file_items", "line_starts")
-        )
-    lines_offset = _data_offset(path, "lines")
-    blob = np.memmap(path.local_path(), np.uint8, "r", lines_offset, int(starts[-1])) if starts[-1] else b""
     files = [
         TableFile(folder / f["name"], int(f["data_start"]), f["dtype"], int(f["rows"]), int(record["width"]))
         for f in record["files"]
     ]
-    return RowTable(files, record.get("header", {}), item_rows, file_items, norms, _lines_entry(blob, starts))
+    try:
+        with path.input_by_name() as (opened, name):
+            with safe_open(name, framework="numpy") as fh:
+                arrays = {n: fh.get_tensor(n) for n in TABLE_ARRAYS}
+            starts = arrays["line_starts"]
+            lines_offset, lines_size = _data_span(opened, "lines")
+            if starts.ndim != 1 or not len(starts) or int(starts[-1]) != lines_size:
+                raise ValueError("its line offsets do not match its lines")
+            blob: Any = np.memmap(name, np.uint8, "r", lines_offset, lines_size) if lines_size else b""
+    except (SafetensorError, KeyError, ValueError, struct.error, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a {TABLE_FORMAT} file ({' '.join(str(exc).split())})") from None
+    table = RowTable(
+        files,
+        record.get("header", {}),
+        arrays["item_rows"],
+        arrays["file_items"],
+        arrays["norms"],
+        _lines_entry(blob, starts),
+    )
+    problem = check_table(table, record, arrays)
+    if problem is not None:
+        raise ValueError(f"{path}: {problem}")
+    return table
 
 
-def _data_offset(path: Location, name: str) -> int:
-    with path.open("rb") as fh:
-        length = struct.unpack("<Q", fh.read(8))[0]
-        header = json.loads(fh.read(length))
-    return 8 + length + header[name]["data_offsets"][0]
+def check_table(table: RowTable, record: dict, arrays: dict[str, np.ndarray]) -> str | None:
+    """The table's arrays against each other, its record and the output's rows, cheaply (each array once, a few
+    rows of the output): dtypes and lengths, item boundaries that rise from 0 to the last row and meet the files'
+    boundaries (a shuffled `item_rows` would name the wrong keys), line offsets that rise, and norms that are
+    finite, not negative and, at NORM_SAMPLE_ROWS rows, what the rows give (damaged norms would make cosines of
+    any size). None when it holds together."""
+    for name, dtype in TABLE_ARRAYS.items():
+        if arrays[name].dtype != dtype or arrays[name].ndim != 1:
+            return f"its {name} are not a 1-D {np.dtype(dtype).name} array"
+    rows, items = table.rows, int(record["items"])
+    norms, item_rows, file_items, starts = (arrays[n] for n in TABLE_ARRAYS)
+    if rows != record["rows"] or len(norms) != rows or len(item_rows) != items + 1 or len(starts) != items + 1:
+        return f"its arrays do not match its record's {record['rows']} rows and {items} items"
+    if len(file_items) != len(table.files) + 1 or file_items[0] != 0 or file_items[-1] != items:
+        return "its file boundaries do not match its files"
+    if not (_rising(item_rows) and _rising(file_items) and _rising(starts)) or item_rows[0] != 0 or starts[0] != 0:
+        return "its item boundaries or line offsets do not rise (damaged or reordered)"
+    if item_rows[-1] != rows or not np.array_equal(item_rows[file_items], table.file_rows):
+        return "its item boundaries do not meet its files' rows"
+    if not bool(np.isfinite(norms).all()) or bool((norms < 0).any()):
+        return "its row norms are not all finite and positive (damaged)"
+    if rows:
+        sample = np.unique(np.linspace(0, rows - 1, min(NORM_SAMPLE_ROWS, rows)).astype(np.int64))
+        recorded = norms[sample]
+        if (np.abs(_sample_norms(table, sample) - recorded) > NORM_TOLERANCE * recorded).any():
+            return "its row norms are not the output's rows' (from other vectors, or damaged)"
+    return None
+
+
+def _rising(values: np.ndarray) -> bool:
+    return bool((values[1:] >= values[:-1]).all())
+
+
+def _sample_norms(table: RowTable, sample: np.ndarray) -> np.ndarray:
+    """float32 norms of the given global rows (sorted), computed as `build_table` computed them."""
+    import torch
+
+    out = np.empty(len(sample), np.float32)
+    files = np.searchsorted(table.file_rows, sample, side="right") - 1
+    views = table.views()
+    for number in np.unique(files):
+        chosen = np.flatnonzero(files == number)
+        stored = views[number].view(np.ndarray)[sample[chosen] - table.file_rows[number]]  # no memmap wrapper
+        block = as_float32(stored, table.files[number].dtype)
+        out[chosen] = torch.linalg.vector_norm(block, dim=1).numpy()
+    return out
+
+
+def _data_span(fh: Any, tensor: str) -> tuple[int, int]:
+    """(offset from the file's start, size) of one tensor's bytes in an open safetensors file."""
+    fd = fh.fileno()
+    (length,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+    header = json.loads(os.pread(fd, length, 8))
+    begin, end = header[tensor]["data_offsets"]
+    return 8 + length + int(begin), int(end) - int(begin)

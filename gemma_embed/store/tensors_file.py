@@ -31,7 +31,7 @@ import torch
 from gemma_embed import FORMAT, __version__, nested_json
 from gemma_embed.config import DTYPE_CODES
 from gemma_embed.device import dtype_name
-from gemma_embed.locations import Location, location
+from gemma_embed.locations import Location, NotRegularFile, location
 from gemma_embed.store.damage import DamagedFile, require_regular_file
 
 SAFETENSORS_DTYPES = {getattr(torch, name): code for name, code in DTYPE_CODES.items() if name != "float64"}
@@ -130,13 +130,14 @@ def write_embedding_file(
 def _safe_open(file: Location) -> Any:
     """safetensors' reader on a regular file (a FIFO would block the open; a folder gives "No such device"),
     with its own error type (a file that is not safetensors at all, such as a pickle) as a `DamagedFile`. It
-    memory-maps the file by its name: `Location.local_path`."""
+    memory-maps the file by a name that is the checked file's own (`Location.input_by_name`)."""
     from safetensors import SafetensorError, safe_open
 
     require_regular_file(file)
     try:
-        return safe_open(file.local_path(), framework="pt")
-    except SafetensorError as exc:
+        with file.input_by_name() as (_, name):
+            return safe_open(name, framework="pt")
+    except (SafetensorError, NotRegularFile) as exc:  # NotRegularFile: swapped in after the check above
         raise DamagedFile(file, str(exc)) from None
 
 

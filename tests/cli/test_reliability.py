@@ -387,11 +387,11 @@ def test_full_disk_in_process(tmp_path, monkeypatch):
     real_write = tensors_file.write_embedding_file
     calls = []
 
-    def failing_write(path, *args):
+    def failing_write(path, *args, **kwargs):
         calls.append(path)
         if len(calls) >= 2:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(path, *args)
+        return real_write(path, *args, **kwargs)
 
     monkeypatch.setattr(tensors_file, "write_embedding_file", failing_write)
     out = tmp_path / "o.safetensors"
