@@ -2,13 +2,13 @@
 the whole file's SHA-256, computed when the index is built, and a sampled one that a search can afford on every
 open.
 
-A search opens the index for every command run, and reading a whole file to hash it would cost more than the
-query: measured on the 2-core AMD EPYC at 200,000 x 384 (a 156 MB IVF file), `faiss.read_index` took 32-120 ms
-and SHA-256 of the same bytes 90 ms (1.7 GB/s; CRC-32 35 ms). The sampled digest hashes the file's size, its first
-and last EDGE bytes and BLOCKS blocks spread evenly between them (96 KiB in all: 85 us a file, opening it
-included, measured on the same machine); a smaller file is hashed whole. It tells a file from a stale, foreign
-or truncated one (a faiss file's first bytes hold its kind, width, count and its quantiser's centroids; an output's hold its header, keys and first rows),
-not every flipped byte of a large file: the full digests in the record are the reference for that.
+A search opens the index for every command run, and reading a whole file to hash it would cost more than the query:
+measured on the 2-core AMD EPYC at 200,000 x 384 (a 156 MB IVF file), `faiss.read_index` took 32-120 ms and SHA-256
+of the same bytes 90 ms (1.7 GB/s; CRC-32 35 ms). The sampled digest hashes the file's size, its first and last EDGE
+bytes and BLOCKS blocks spread evenly between them (96 KiB in all: 85 us a file, opening it included, measured on
+the same machine); a smaller file is hashed whole. It tells a file from a stale, foreign or truncated one (a faiss
+file's first bytes hold its kind, width, count and its quantiser's centroids; an output's hold its header, keys and
+first rows), not every flipped byte of a large file: the full digests in the record are the reference for that.
 """
 
 from __future__ import annotations
