@@ -373,19 +373,21 @@ app.command("serve", cls=_Command)(serve)
 OUTPUT_ARGUMENT = "A gemma-embed output (.safetensors or .index.json)."
 
 
-def _search(index: str, query: str | None, queries, image, video, audio, top, html, exact, **embedding) -> None:
+def _search(
+    index: str, query: str | None, queries, image, video, audio, top, html, exact, overwrite, **embedding
+) -> None:
+    from gemma_embed.locations.written import PAGE
     from gemma_embed.search import collect_queries, query_many, render_html_many, render_results
-    from gemma_embed.store import check_output_folder
+    from gemma_embed.store import check_destination
 
     jsonl = embedding.pop("jsonl")
-    output, page = location(index), location(html) if html is not None else None
+    output = location(index)
     media = {
         kind: [location(f) for f in files]
         for kind, files in (("images", image), ("video", video), ("audio", audio))
         if files
     }
-    if page is not None:
-        check_output_folder(page)  # before the model loads
+    page = check_destination(html, PAGE, overwrite) if html is not None else None  # before the model loads
     asked = location(queries) if queries is not None else None
     wanted = collect_queries([query] if query is not None else [], asked, media)
     if not wanted:
@@ -468,15 +470,25 @@ def _export(path: str, to, output, overwrite: bool) -> None:
     import json
 
     from gemma_embed.export import export
+    from gemma_embed.locations.written import is_stdout
 
-    written = export(location(path), to, location(output) if output is not None else None, overwrite)
+    try:
+        written = export(location(path), to, output, overwrite, stdout=sys.stdout.buffer, command_line=True)
+    except BrokenPipeError:  # the reader of standard output went away (| head): not a failure of the export
+        from gemma_embed.progress import silence
+
+        silence(sys.stdout)
+        return
+    if is_stdout(output):  # stdout carries the export itself: the record of it stays off it
+        _print_note(f"wrote {written['items']} items to standard output")
+        return
     _print_note(f"wrote {', '.join(written['files'])}")
     print(json.dumps({"type": "export", "to": str(to), **written}, ensure_ascii=True))
 
 
 _command(
     "export",
-    "Write an output as parquet (key, metadata columns, embedding) or .npy, streamed.",
+    "Write an output as parquet (key, metadata columns, embedding), .npy or JSON lines, streamed (- : stdout).",
     _export,
     [_argument("path", str, OUTPUT_ARGUMENT)],
 )

@@ -22,7 +22,7 @@ from gemma_embed.result import RunResult
 from gemma_embed.terminal import printable
 
 
-def _silence(stream: IO[str]) -> None:
+def silence(stream: IO[str]) -> None:
     """Point a closed stream's file descriptor at /dev/null, so the interpreter's own flush at exit does not
     fail on it again (it would print "Exception ignored ... BrokenPipeError" and exit 120)."""
     try:
@@ -129,7 +129,7 @@ class Reporter:
         except (OSError, ValueError):
             self.stderr_closed = True
             self._stop_live()
-            _silence(self.stderr)
+            silence(self.stderr)
 
     def _out(self, record: dict) -> None:
         if not self.emit_json or self.stdout_closed:
@@ -138,7 +138,7 @@ class Reporter:
             print(json.dumps(record, ensure_ascii=True), file=self.stdout, flush=True)
         except (OSError, ValueError):
             self.stdout_closed = True
-            _silence(self.stdout)
+            silence(self.stdout)
 
     # ------------------------------------------------------------------------------------------- events
     def chunk_planned(self, plan, count: int) -> None:

@@ -32,6 +32,7 @@ import torch
 from gemma_embed.device import DTYPES, dtype_name
 from gemma_embed.errors import UsageError
 from gemma_embed.locations import Location, location
+from gemma_embed.locations.written import EMBEDDINGS, destination
 from gemma_embed.store import tensors_file
 from gemma_embed.store.layout import (
     HEADER_CAP,
@@ -42,6 +43,7 @@ from gemma_embed.store.layout import (
     output_files,
     parts_folder,
     plan_shards,
+    refuse_existing,
     shard_path,
     write_index,
 )
@@ -310,20 +312,28 @@ def previous_work(output: Where) -> tuple[list[Location], list[Location]]:
 
 
 def check_output_path(path: Where, overwrite: bool, resume: bool = False) -> None:
-    """Fail before any work if the run would clobber something, or the output folder is not writable."""
-    path = location(path)
-    if path.isdir():
+    """Fail before any work if the run would clobber something, or the output folder is not writable: the rule of
+    every file the tool writes at a name given (`layout.check_destination`: a `.safetensors` name, no `-`, an
+    existing output replaced only with overwrite), with --resume as the other way past an existing one."""
+    if overwrite and resume:
+        raise UsageError(
+            "--overwrite and --resume contradict each other: --overwrite starts the output over, --resume finishes "
+            "or adds to it; give one"
+        )
+    if location(path).isdir():  # said before the name's suffix: `-o photos/` names the mistake itself
         raise UsageError(f"{path}: output path is a folder")
+    path = destination(path, EMBEDDINGS)
+    if path is None:  # never: an embedding output does not stream
+        raise AssertionError("an embedding output has a file name")
     parts = parts_folder(path)
     if resume:  # before a model loads: a damaged part or output is one line now, not minutes later
         check_resumable(path)
-    if not resume and not overwrite:
-        if parts.exists():
+    else:
+        if parts.exists() and not overwrite:
             raise UsageError(
                 f"{parts}: an unfinished run left parts here; pass --resume to finish it or --overwrite to start over"
             )
-        if output_files(path):
-            raise UsageError(f"{path}: output exists; pass --overwrite to replace it or --resume to add to it")
+        refuse_existing(path, overwrite, " or --resume to add to it", exists=bool(output_files(path)))
     check_output_folder(path)
 
 
