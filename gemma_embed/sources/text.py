@@ -1,9 +1,10 @@
 """Text for EmbeddingGemma 2: every line of a text file (or of stdin) is one item, or every file with --per-file;
 every row of a table (parquet, JSON lines, a --dataset: the cell of --column, sources/table.py) is one item.
 
-Keys are `FILE:LINE` (1-based; FILE as the file's own key would be: as given, or relative to a walked folder) and
-`stdin:LINE` for lines read from `-`. Line breaks are not part of an item; blank lines are no items (their numbers
-are kept, so keys still point at the right line). Each line carries its own bytes, so --resume knows it by
+Keys are `FILE:ROW` (FILE as the file's own key would be: as given, or relative to a walked folder) and `stdin:ROW`
+for lines read from `-`, ROW counting the file's lines from 0, as a table's rows count (sources/table.py) and as
+Python indexes them (`text.splitlines()[ROW]`); each item's metadata has `row` too. Line breaks are not part of an
+item; blank lines are no items (their numbers are kept, so keys still point at the right line). Each line carries its own bytes, so --resume knows it by
 content like any other item. A line that is not UTF-8 is a failed item, named by its key.
 """
 
@@ -23,8 +24,8 @@ from gemma_embed.sources.files import TEXT_EXTENSIONS, find_files, process_stdin
 
 
 def numbered_lines(stream: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
-    """(line number, line without its line break) for every line that is not blank."""
-    for number, line in enumerate(stream, start=1):
+    """(row: the line's number from 0, line without its line break) for every line that is not blank."""
+    for number, line in enumerate(stream):
         line = line.rstrip(b"\r\n")
         if line.strip():
             yield number, line
@@ -70,8 +71,8 @@ def _text_sources(
             where = location(file.path)
             where.regular_file("a text file")
             with where.open_input() as fh:
-                for line_number, line in numbered_lines(fh):
-                    yield Source(f"{file.key}:{line_number}", file.path, data=line, meta={"line": line_number})
+                for row, line in numbered_lines(fh):
+                    yield Source(f"{file.key}:{row}", file.path, data=line, meta={"row": row})
         except NotRegularFile as exc:
             yield replace(file, error=str(exc))
         except OSError as exc:
@@ -90,8 +91,8 @@ def _text_sources(
             continue
         yield from files()
         stream = split_stream(process_stdin(), b"\n") if stdin is None else _binary(stdin)
-        for line_number, line in numbered_lines(stream):
-            yield numbered(Source(f"stdin:{line_number}", "-", data=line, meta={"line": line_number}))
+        for row, line in numbered_lines(stream):
+            yield numbered(Source(f"stdin:{row}", "-", data=line, meta={"row": row}))
     yield from files()
     yield from map(numbered, collections.dataset_rows())
 

@@ -138,7 +138,10 @@ class EmbeddingWriter:
                             f"{self.header.get(field)!r}; use the same settings or --overwrite"
                         )
                 damaged = 0
-                for position, (key, item) in enumerate(zip(saved.keys, saved.items, strict=True)):
+                keys = []
+                for position, (old_key, old_item) in enumerate(zip(saved.keys, saved.items, strict=True)):
+                    key, item = renumbered(old_key, old_item)
+                    keys.append(key)
                     if checksums is not None and row_checksum(saved.rows(position)) != checksums[position]:
                         damaged += 1  # not remembered: computed again
                         continue
@@ -149,7 +152,7 @@ class EmbeddingWriter:
                         f"(changed on disk); they are computed again"
                     )
                 if file not in in_parts:
-                    self.base += saved.keys
+                    self.base += keys
         self.part_count = max((_part_number(p) for p in parts), default=-1) + 1
 
     def _remember(self, key: str, saved: Saved) -> None:
@@ -309,6 +312,18 @@ def previous_work(output: Where) -> tuple[list[Location], list[Location]]:
     except DamagedFile as exc:
         raise exc.told(fix=RESUME_FIX) from None
     return previous, sorted(files, key=_part_number)
+
+
+def renumbered(key: str, item: dict) -> tuple[str, dict]:
+    """A line of a text file as this version keys it, from an output written when lines counted from 1 (key
+    `FILE:LINE`, metadata `line`): `FILE:ROW` with `row` = LINE - 1, as every item counts now. So --resume over such
+    an output reuses its lines under their new keys instead of keeping them beside this run's (readers show an old
+    output as it is). Any other item is itself."""
+    line = item.get("line")
+    if type(line) is not int or "row" in item or not key.endswith(f":{line}"):
+        return key, item
+    meta = {name: value for name, value in item.items() if name != "line"}
+    return f"{key.removesuffix(str(line))}{line - 1}", {**meta, "row": line - 1}
 
 
 def check_output_path(path: Where, overwrite: bool, resume: bool = False) -> None:
