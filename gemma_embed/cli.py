@@ -40,7 +40,8 @@ class _Group(typer.core.TyperGroup):
 app = typer.Typer(
     name="gemma-embed",
     cls=_Group,
-    help="Turn piles of images, video and audio into Gemma encoder-tower embeddings (.safetensors).",
+    help="Turn piles of images, video, audio and text into Gemma embeddings (.safetensors): encoder-tower soft "
+    "tokens, or retrieval vectors to search.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -397,7 +398,10 @@ def _search(
     for result in results:
         if result.error is not None:
             _print_error(f"{result.query.describe()}: cannot embed the query: {result.error}")
-    print(render_results(results, jsonl), end="")
+    import shutil
+
+    # Texts cut to the terminal's width ($COLUMNS, else the terminal's, else 80 columns): --jsonl has them whole.
+    print(render_results(results, jsonl, width=shutil.get_terminal_size().columns), end="")
     if page is not None:
         from gemma_embed.store import atomic_write_text
 
@@ -425,12 +429,14 @@ def _index(path: str, kind: str, metric: str, quiet: bool) -> None:
 
     from gemma_embed.index import build_index
     from gemma_embed.progress import Reporter
+    from gemma_embed.terminal import shows_summary
 
     output = location(path)
     record = build_index(output, kind, metric, Reporter(quiet=quiet))
     fields = ("kind", "requested", "metric", "settings", "recall_at_10", "reason", "seconds")
     summary = {"type": "index", "output": str(output), **{name: record[name] for name in fields if name in record}}
-    print(json.dumps(summary, ensure_ascii=True))
+    if shows_summary(quiet, sys.stdout):
+        print(json.dumps(summary, ensure_ascii=True))
 
 
 _command(
@@ -506,7 +512,7 @@ def main_options(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.", metavar="")
     ] = False,
 ) -> None:
-    """gemma-embed: Gemma encoder-tower embeddings for large piles of media."""
+    """gemma-embed: Gemma embeddings for large piles of images, video, audio and text."""
 
 
 def optional_values(args: list[str]) -> list[str]:

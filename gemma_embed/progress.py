@@ -188,7 +188,15 @@ class Reporter:
             print_plan(plan, Console(file=self.stderr))
             for failure in plan["failures"]:
                 self._err(f"error: {failure['key']}: {failure['message']}")
-        self._out(plan)
+        self._summary(plan)
+
+    def _summary(self, record: dict) -> None:
+        """A command's closing record (the summary, the plan): for programs, so not onto a terminal under --quiet
+        (`terminal.shows_summary`)."""
+        from gemma_embed.terminal import shows_summary
+
+        if shows_summary(self.quiet, self.stdout):
+            self._out(record)
 
     def _stop_live(self) -> None:
         if self._progress is not None:
@@ -214,7 +222,7 @@ class Reporter:
             if result.output:
                 line += f" -> {result.output}"
             self._err(line)
-        self._out(summary)
+        self._summary(summary)
 
 
 def plan_phrases(plan: dict) -> tuple[list[str], list[str]]:
