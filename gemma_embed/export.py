@@ -33,6 +33,7 @@ bytes that are not UTF-8 are held as surrogate escapes, which no UTF-8 file can 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -222,8 +223,8 @@ class _Sink:
     @contextlib.contextmanager
     def name(self) -> Iterator[Any]:
         if self.place is None:
-            yield self.stream
-            typing.cast(BinaryIO, self.stream).flush()
+            with _whole_writes(typing.cast(BinaryIO, self.stream)) as stream:
+                yield stream
             return
         with self.place.temp_path() as tmp:
             yield tmp
@@ -231,12 +232,30 @@ class _Sink:
     @contextlib.contextmanager
     def file(self) -> Iterator[BinaryIO]:
         if self.place is None:
-            stream = typing.cast(BinaryIO, self.stream)
-            yield stream
-            stream.flush()
+            with _whole_writes(typing.cast(BinaryIO, self.stream)) as stream:
+                yield stream
             return
         with self.place.atomic_write() as fh:
             yield fh
+
+
+@contextlib.contextmanager
+def _whole_writes(stream: BinaryIO) -> Iterator[BinaryIO]:
+    """`stream`, where each write writes everything it is given, flushed at the end. An unbuffered stream's write
+    may write part of it and say so only in its count (`python -u` or PYTHONUNBUFFERED=1 make `sys.stdout.buffer`
+    a raw FileIO: a write of 1 MB to a pipe wrote 64 kB, and the rest was lost, without an error); such a stream
+    gets a buffer, which writes the rest, and is detached from it afterwards (the stream stays open)."""
+    if not isinstance(stream, io.RawIOBase):
+        yield stream
+        stream.flush()
+        return
+    buffered = io.BufferedWriter(stream)
+    try:
+        yield typing.cast(BinaryIO, buffered)
+        buffered.flush()
+    finally:
+        with contextlib.suppress(OSError, ValueError):  # a reader gone: the error raised above says so
+            buffered.detach()
 
 
 # ------------------------------------------------------------------------------------------------ parquet
@@ -368,23 +387,31 @@ def _chain(first, rest):
 # ------------------------------------------------------------------------------------------------ JSON lines
 
 
+# JSON lines are written once this much text waits (or BLOCK_ITEMS items): memory holds one block, whatever the
+# items' size (an unpooled image is ~100 kB of JSON at width 32, megabytes at a real model's width).
+JSONL_BLOCK_CHARS = 1 << 20
+
+
 def _to_jsonl(path: Location, meta: dict, counts: list[int], destination: _Sink) -> dict:
     """One JSON object per item and line (ASCII: a key that is not UTF-8 keeps its surrogate escapes, which
-    `json.loads` gives back as the exact key), flushed every BLOCK_ITEMS items."""
+    `json.loads` gives back as the exact key), written in blocks of JSONL_BLOCK_CHARS or BLOCK_ITEMS items."""
     one_row = all(count == 1 for count in counts)
     written = rows_total = dim = 0
     with destination.file() as fh:
         lines: list[str] = []
+        waiting = 0
         for key, rows, item in _items(path):
             dim = dim or int(rows.shape[1])
             rows_total += int(rows.shape[0])
             vectors = rows.tolist()
-            record = {**{k: v for k, v in item.items() if k != "key"}, "key": key}
+            record = {"key": key, **{k: v for k, v in item.items() if k != "key"}}  # the key first, as in parquet
             record["embedding"] = vectors[0] if one_row else vectors
             lines.append(json.dumps(record, ensure_ascii=True) + "\n")
+            waiting += len(lines[-1])
             written += 1
-            if len(lines) >= BLOCK_ITEMS:
+            if len(lines) >= BLOCK_ITEMS or waiting >= JSONL_BLOCK_CHARS:
                 fh.write("".join(lines).encode("ascii"))
                 lines.clear()
+                waiting = 0
         fh.write("".join(lines).encode("ascii"))
     return {"files": [str(destination)], "items": written, "rows": rows_total, "dim": dim}

@@ -4,8 +4,9 @@ every row of a table (parquet, JSON lines, a --dataset: the cell of --column, so
 Keys are `FILE:ROW` (FILE as the file's own key would be: as given, or relative to a walked folder) and `stdin:ROW`
 for lines read from `-`, ROW counting the file's lines from 0, as a table's rows count (sources/table.py) and as
 Python indexes them (`text.splitlines()[ROW]`); each item's metadata has `row` too. Line breaks are not part of an
-item; blank lines are no items (their numbers are kept, so keys still point at the right line). Each line carries its own bytes, so --resume knows it by
-content like any other item. A line that is not UTF-8 is a failed item, named by its key.
+item; blank lines are no items (their numbers are kept, so keys still point at the right line). Each line carries
+its own bytes, so --resume knows it by content like any other item. A line that is not UTF-8 is a
+failed item, named by its key.
 """
 
 from __future__ import annotations

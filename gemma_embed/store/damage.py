@@ -12,7 +12,6 @@ from gemma_embed import FORMAT
 from gemma_embed.errors import NotOurs
 from gemma_embed.locations import Location, location
 
-
 # The kind of a file that is no output of this tool at all (another tool's file, a text, random bytes): nothing of
 # gemma-embed's to rebuild, so no advice to rebuild it.
 NOT_AN_OUTPUT = "gemma-embed output"

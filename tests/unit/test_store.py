@@ -71,7 +71,9 @@ def test_reader_rejects_foreign_files(tmp_path):
     with pytest.raises(ValueError, match=r"f\.safetensors: not a gemma-embed output \(a safetensors file without "):
         gemma_embed.load(tmp_path / "f.safetensors")
     save_file({"x": torch.zeros(1)}, tmp_path / "old.safetensors", metadata={"format": "gemma-embed/0"})
-    with pytest.raises(ValueError, match=r"not a gemma-embed/1 file \(format='gemma-embed/0'\); embed the inputs again"):
+    with pytest.raises(
+        ValueError, match=r"not a gemma-embed/1 file \(format='gemma-embed/0'\); embed the inputs again"
+    ):
         gemma_embed.load(tmp_path / "old.safetensors")  # an older version's output: rebuilding it is the way
 
 
