@@ -40,7 +40,8 @@ class _Group(typer.core.TyperGroup):
 app = typer.Typer(
     name="gemma-embed",
     cls=_Group,
-    help="Turn piles of images, video and audio into Gemma encoder-tower embeddings (.safetensors).",
+    help="Turn piles of images, video, audio and text into Gemma embeddings (.safetensors): encoder-tower soft "
+    "tokens, or retrieval vectors to search.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -373,19 +374,21 @@ app.command("serve", cls=_Command)(serve)
 OUTPUT_ARGUMENT = "A gemma-embed output (.safetensors or .index.json)."
 
 
-def _search(index: str, query: str | None, queries, image, video, audio, top, html, exact, **embedding) -> None:
+def _search(
+    index: str, query: str | None, queries, image, video, audio, top, html, exact, overwrite, **embedding
+) -> None:
+    from gemma_embed.locations.written import PAGE
     from gemma_embed.search import collect_queries, query_many, render_html_many, render_results
-    from gemma_embed.store import check_output_folder
+    from gemma_embed.store import check_destination
 
     jsonl = embedding.pop("jsonl")
-    output, page = location(index), location(html) if html is not None else None
+    output = location(index)
     media = {
         kind: [location(f) for f in files]
         for kind, files in (("images", image), ("video", video), ("audio", audio))
         if files
     }
-    if page is not None:
-        check_output_folder(page)  # before the model loads
+    page = check_destination(html, PAGE, overwrite) if html is not None else None  # before the model loads
     asked = location(queries) if queries is not None else None
     wanted = collect_queries([query] if query is not None else [], asked, media)
     if not wanted:
@@ -395,7 +398,10 @@ def _search(index: str, query: str | None, queries, image, video, audio, top, ht
     for result in results:
         if result.error is not None:
             _print_error(f"{result.query.describe()}: cannot embed the query: {result.error}")
-    print(render_results(results, jsonl), end="")
+    import shutil
+
+    # Texts cut to the terminal's width ($COLUMNS, else the terminal's, else 80 columns): --jsonl has them whole.
+    print(render_results(results, jsonl, width=shutil.get_terminal_size().columns), end="")
     if page is not None:
         from gemma_embed.store import atomic_write_text
 
@@ -423,12 +429,14 @@ def _index(path: str, kind: str, metric: str, quiet: bool) -> None:
 
     from gemma_embed.index import build_index
     from gemma_embed.progress import Reporter
+    from gemma_embed.terminal import shows_summary
 
     output = location(path)
     record = build_index(output, kind, metric, Reporter(quiet=quiet))
     fields = ("kind", "requested", "metric", "settings", "recall_at_10", "reason", "seconds")
     summary = {"type": "index", "output": str(output), **{name: record[name] for name in fields if name in record}}
-    print(json.dumps(summary, ensure_ascii=True))
+    if shows_summary(quiet, sys.stdout):
+        print(json.dumps(summary, ensure_ascii=True))
 
 
 _command(
@@ -468,15 +476,25 @@ def _export(path: str, to, output, overwrite: bool) -> None:
     import json
 
     from gemma_embed.export import export
+    from gemma_embed.locations.written import is_stdout
 
-    written = export(location(path), to, location(output) if output is not None else None, overwrite)
+    try:
+        written = export(location(path), to, output, overwrite, stdout=sys.stdout.buffer, command_line=True)
+    except BrokenPipeError:  # the reader of standard output went away (| head): not a failure of the export
+        from gemma_embed.progress import silence
+
+        silence(sys.stdout)
+        return
+    if is_stdout(output):  # stdout carries the export itself: the record of it stays off it
+        _print_note(f"wrote {written['items']} items to standard output")
+        return
     _print_note(f"wrote {', '.join(written['files'])}")
     print(json.dumps({"type": "export", "to": str(to), **written}, ensure_ascii=True))
 
 
 _command(
     "export",
-    "Write an output as parquet (key, metadata columns, embedding) or .npy, streamed.",
+    "Write an output as parquet (key, metadata columns, embedding), .npy or JSON lines, streamed (- : stdout).",
     _export,
     [_argument("path", str, OUTPUT_ARGUMENT)],
 )
@@ -494,7 +512,7 @@ def main_options(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.", metavar="")
     ] = False,
 ) -> None:
-    """gemma-embed: Gemma encoder-tower embeddings for large piles of media."""
+    """gemma-embed: Gemma embeddings for large piles of images, video, audio and text."""
 
 
 def optional_values(args: list[str]) -> list[str]:

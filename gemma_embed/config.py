@@ -110,6 +110,7 @@ class LongText(Choice):
 class ExportFormat(Choice):
     parquet = "parquet"
     npy = "npy"
+    jsonl = "jsonl"  # one JSON object per item: streams to standard output (-o -)
 
 
 # ------------------------------------------------------------------------------------------ parsers
@@ -617,7 +618,7 @@ class RunConfig:
         location("embeddings.safetensors"),
         "Output .safetensors file.",
         commands=EMBED + (EXPORT,),
-        help_by_command=((EXPORT, "Default: OUT.parquet / OUT.npy beside it."),),
+        help_by_command=((EXPORT, "Default: OUT.FORMAT beside it; - (parquet, jsonl): stdout."),),
         command_defaults={EXPORT: None},
         panel=OUTPUT,
         flags=("-o",),
@@ -630,8 +631,8 @@ class RunConfig:
     overwrite: bool = option(
         False,
         "Replace an existing output.",
-        commands=EMBED + (EXPORT,),
-        help_by_command=((EXPORT, "Replace existing files."),),
+        commands=EMBED + (EXPORT, SEARCH),
+        help_by_command=((EXPORT, "Replace existing files."), (SEARCH, "Replace an existing --html page.")),
         panel=OUTPUT,
         stage=WRITE,
     )
@@ -875,7 +876,7 @@ class InspectionOptions:
         20, "Items to list (0 = all).", commands=(INSPECT,), panel=OUTPUT, check=at_least(0), metavar="N"
     )
     to: ExportFormat | None = option(
-        None, "parquet or npy (+ .keys.txt).", commands=(EXPORT,), panel=OUTPUT, metavar="FORMAT", required=True
+        None, "parquet, npy (+ .keys.txt) or jsonl.", commands=(EXPORT,), panel=OUTPUT, metavar="FORMAT", required=True
     )
     as_json: bool = option(
         False,

@@ -9,7 +9,14 @@ output's headers hold as JSON anyway, is read whole: a first pass over it fixes 
   when every item has one row (pooled outputs), else the item's rows as a list of such lists.
 - npy: `OUT.npy` with every row ([total_rows, D]), `OUT.keys.txt` with one key per line (escaped), and when items have
   other than one row, `OUT.offsets.npy` (int64 [N+1]: item i is rows[offsets[i]:offsets[i+1]]).
-bfloat16 rows become float32 (numpy and parquet have no bfloat16); float32 and float16 stay as they are.
+- jsonl: one JSON object per item and line: `key`, the item's metadata as the output holds it (nested objects stay
+  nested), and `embedding` (a list of D numbers when every item has one row, else the item's rows as lists).
+bfloat16 rows become float32 (numpy, parquet and JSON have no bfloat16); float32 and float16 stay as they are.
+
+Where the destination is `-`, a parquet or JSON-lines export goes to standard output (both are written front to
+back: parquet's footer comes last); npy is several files and is refused there (`locations.written`). A file
+destination is written to a temporary file and renamed into place; an existing one is replaced only with
+`overwrite` (`store.check_destination`, the rule of every file the tool writes).
 
 Names are kept exactly. Keys (and file paths) are what Python made of the file system's bytes (`os.fsdecode`):
 bytes that are not UTF-8 are held as surrogate escapes, which no UTF-8 file can store. So:
@@ -25,15 +32,21 @@ bytes that are not UTF-8 are held as surrogate escapes, which no UTF-8 file can 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
+import sys
+import typing
 from collections.abc import Iterator
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from gemma_embed.errors import UsageError
 from gemma_embed.locations import Location, filesystem_for, location
+from gemma_embed.locations.written import EXPORTS, STDOUT
 
 BLOCK_ITEMS = 4096  # items per parquet row group; rows flushed to the .npy memory map per block
 
@@ -143,36 +156,112 @@ def _items(path: Location) -> Iterator[tuple[str, np.ndarray, dict]]:
         yield key, _numpy_rows(rows), item
 
 
-def _checked_destination(path: Location, to: str, destination: str | os.PathLike | None, overwrite: bool) -> Location:
-    from gemma_embed.store import check_output_folder
+def check_export_destination(
+    path: str | os.PathLike | Location, to: str, destination: str | os.PathLike | None, overwrite: bool
+) -> Location | None:
+    """Where an export of `path` goes, checked before any work by the rule of every file the tool writes
+    (`store.check_destination`: the format's suffix, `-` only for a format that streams, the folder, an existing
+    file replaced only with overwrite; npy's keys file beside it too). None: standard output. Worded for the
+    command line (`export` rewords it for a Python caller)."""
+    from gemma_embed.store import check_destination
 
-    destination = location(destination) if destination else default_destination(path, to)
-    check_output_folder(destination)  # the line every command gives, before any work
-    if destination.exists() and not overwrite:
-        raise UsageError(f"{destination}: exists; pass --overwrite to replace it")
-    return destination
+    where = destination if destination is not None and str(destination) != "" else default_destination(path, to)
+    return check_destination(where, EXPORTS[str(to)], overwrite, also=(".keys.txt",) if str(to) == "npy" else ())
 
 
 def export(
-    path: str | os.PathLike, to: str, destination: str | os.PathLike | None = None, overwrite: bool = False
+    path: str | os.PathLike,
+    to: str,
+    destination: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    stdout: BinaryIO | None = None,
+    command_line: bool = False,
 ) -> dict:
-    """Write `path` as parquet or npy; returns what was written (files, items, rows, dim)."""
+    """Write `path` as parquet, npy or JSON lines; returns what was written (files, items, rows, dim).
+
+    `destination` `-` writes a parquet or JSON-lines export to `stdout` (a binary stream; default: this process's
+    standard output). A usage error names the parameters (`overwrite=True`); with `command_line`, the flags."""
+    from gemma_embed.config import python_spelling
+
+    try:
+        return _export(location(path), str(to), destination, overwrite, stdout)
+    except UsageError as exc:
+        if command_line:
+            raise
+        raise exc.reworded(python_spelling(str(exc))) from None
+
+
+def _export(path: Location, to: str, destination, overwrite: bool, stdout: BinaryIO | None) -> dict:
     from gemma_embed.store import read_metadata
 
-    path = location(path)
+    if to not in EXPORTS:
+        raise UsageError(f"{to!r}: export to {', '.join(EXPORTS)}")
     filesystem_for(path)  # a protocol the tool cannot read is refused naming the output, not the file beside it
-    destination = _checked_destination(path, str(to), destination, overwrite)
+    place = check_export_destination(path, to, destination, overwrite)
     meta = read_metadata(path)  # keys and items only; no rows are read
     counts = [int(item["rows"]) for item in meta["items"]]
-    if str(to) == "parquet":
-        return _to_parquet(path, meta, counts, destination)
-    return _to_npy(path, meta, counts, destination, overwrite)
+    if place is None:
+        stream = stdout if stdout is not None else sys.stdout.buffer
+        written = (_to_parquet if to == "parquet" else _to_jsonl)(path, meta, counts, _Sink(None, stream))
+        return {**written, "files": [STDOUT]}
+    if to == "npy":
+        return _to_npy(path, meta, counts, place, overwrite)
+    return (_to_parquet if to == "parquet" else _to_jsonl)(path, meta, counts, _Sink(place))
+
+
+class _Sink:
+    """Where an export's bytes go: a file written whole or not at all (a temporary name, renamed into place), or a
+    stream (standard output) written as they come. `name()` gives what pyarrow takes: the temporary file's name or
+    the stream itself."""
+
+    def __init__(self, place: Location | None, stream: BinaryIO | None = None):
+        self.place, self.stream = place, stream
+
+    def __str__(self) -> str:
+        return STDOUT if self.place is None else str(self.place)
+
+    @contextlib.contextmanager
+    def name(self) -> Iterator[Any]:
+        if self.place is None:
+            with _whole_writes(typing.cast(BinaryIO, self.stream)) as stream:
+                yield stream
+            return
+        with self.place.temp_path() as tmp:
+            yield tmp
+
+    @contextlib.contextmanager
+    def file(self) -> Iterator[BinaryIO]:
+        if self.place is None:
+            with _whole_writes(typing.cast(BinaryIO, self.stream)) as stream:
+                yield stream
+            return
+        with self.place.atomic_write() as fh:
+            yield fh
+
+
+@contextlib.contextmanager
+def _whole_writes(stream: BinaryIO) -> Iterator[BinaryIO]:
+    """`stream`, where each write writes everything it is given, flushed at the end. An unbuffered stream's write
+    may write part of it and say so only in its count (`python -u` or PYTHONUNBUFFERED=1 make `sys.stdout.buffer`
+    a raw FileIO: a write of 1 MB to a pipe wrote 64 kB, and the rest was lost, without an error); such a stream
+    gets a buffer, which writes the rest, and is detached from it afterwards (the stream stays open)."""
+    if not isinstance(stream, io.RawIOBase):
+        yield stream
+        stream.flush()
+        return
+    buffered = io.BufferedWriter(stream)
+    try:
+        yield typing.cast(BinaryIO, buffered)
+        buffered.flush()
+    finally:
+        with contextlib.suppress(OSError, ValueError):  # a reader gone: the error raised above says so
+            buffered.detach()
 
 
 # ------------------------------------------------------------------------------------------------ parquet
 
 
-def _to_parquet(path: Location, meta: dict, counts: list[int], destination: Location) -> dict:
+def _to_parquet(path: Location, meta: dict, counts: list[int], destination: _Sink) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -189,7 +278,7 @@ def _to_parquet(path: Location, meta: dict, counts: list[int], destination: Loca
     writer = None
     written = rows_total = 0
     dim = 0
-    with destination.temp_path() as tmp:
+    with destination.name() as tmp:
         block: list[tuple[str, np.ndarray, dict]] = []
 
         def text_column(name: str, values: list) -> dict:
@@ -258,14 +347,13 @@ def _original_bytes(value) -> bytes | None:
 
 
 def _to_npy(path: Location, meta: dict, counts: list[int], destination: Location, overwrite: bool) -> dict:
-    from gemma_embed.store import atomic_write_text
+    from gemma_embed.store import atomic_write_text, refuse_existing
 
     keys_file = destination.with_suffix(".keys.txt")
     offsets_file = destination.with_suffix(".offsets.npy")
     one_row = all(count == 1 for count in counts)
-    for extra in (keys_file, *([] if one_row else [offsets_file])):
-        if extra.exists() and not overwrite:
-            raise UsageError(f"{extra}: exists; pass --overwrite to replace it")
+    if not one_row:  # known once the items are read: the keys file was checked with the destination
+        refuse_existing(offsets_file, overwrite)
     total = sum(counts)
     items = _items(path)
     first = next(items, None)
@@ -294,3 +382,36 @@ def _chain(first, rest):
     if first is not None:
         yield first
         yield from rest
+
+
+# ------------------------------------------------------------------------------------------------ JSON lines
+
+
+# JSON lines are written once this much text waits (or BLOCK_ITEMS items): memory holds one block, whatever the
+# items' size (an unpooled image is ~100 kB of JSON at width 32, megabytes at a real model's width).
+JSONL_BLOCK_CHARS = 1 << 20
+
+
+def _to_jsonl(path: Location, meta: dict, counts: list[int], destination: _Sink) -> dict:
+    """One JSON object per item and line (ASCII: a key that is not UTF-8 keeps its surrogate escapes, which
+    `json.loads` gives back as the exact key), written in blocks of JSONL_BLOCK_CHARS or BLOCK_ITEMS items."""
+    one_row = all(count == 1 for count in counts)
+    written = rows_total = dim = 0
+    with destination.file() as fh:
+        lines: list[str] = []
+        waiting = 0
+        for key, rows, item in _items(path):
+            dim = dim or int(rows.shape[1])
+            rows_total += int(rows.shape[0])
+            vectors = rows.tolist()
+            record = {"key": key, **{k: v for k, v in item.items() if k != "key"}}  # the key first, as in parquet
+            record["embedding"] = vectors[0] if one_row else vectors
+            lines.append(json.dumps(record, ensure_ascii=True) + "\n")
+            waiting += len(lines[-1])
+            written += 1
+            if len(lines) >= BLOCK_ITEMS or waiting >= JSONL_BLOCK_CHARS:
+                fh.write("".join(lines).encode("ascii"))
+                lines.clear()
+                waiting = 0
+        fh.write("".join(lines).encode("ascii"))
+    return {"files": [str(destination)], "items": written, "rows": rows_total, "dim": dim}

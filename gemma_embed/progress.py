@@ -22,7 +22,7 @@ from gemma_embed.result import RunResult
 from gemma_embed.terminal import printable
 
 
-def _silence(stream: IO[str]) -> None:
+def silence(stream: IO[str]) -> None:
     """Point a closed stream's file descriptor at /dev/null, so the interpreter's own flush at exit does not
     fail on it again (it would print "Exception ignored ... BrokenPipeError" and exit 120)."""
     try:
@@ -129,7 +129,7 @@ class Reporter:
         except (OSError, ValueError):
             self.stderr_closed = True
             self._stop_live()
-            _silence(self.stderr)
+            silence(self.stderr)
 
     def _out(self, record: dict) -> None:
         if not self.emit_json or self.stdout_closed:
@@ -138,7 +138,7 @@ class Reporter:
             print(json.dumps(record, ensure_ascii=True), file=self.stdout, flush=True)
         except (OSError, ValueError):
             self.stdout_closed = True
-            _silence(self.stdout)
+            silence(self.stdout)
 
     # ------------------------------------------------------------------------------------------- events
     def chunk_planned(self, plan, count: int) -> None:
@@ -194,7 +194,15 @@ class Reporter:
             print_plan(plan, Console(file=self.stderr))
             for failure in plan["failures"]:
                 self._err(f"error: {failure['key']}: {failure['message']}")
-        self._out(plan)
+        self._summary(plan)
+
+    def _summary(self, record: dict) -> None:
+        """A command's closing record (the summary, the plan): for programs, so not onto a terminal under --quiet
+        (`terminal.shows_summary`)."""
+        from gemma_embed.terminal import shows_summary
+
+        if shows_summary(self.quiet, self.stdout):
+            self._out(record)
 
     def _stop_live(self) -> None:
         if self._progress is not None:
@@ -220,7 +228,7 @@ class Reporter:
             if result.output:
                 line += f" -> {result.output}"
             self._err(line)
-        self._out(summary)
+        self._summary(summary)
 
 
 def plan_phrases(plan: dict) -> tuple[list[str], list[str]]:

@@ -33,14 +33,18 @@ def ordered_header(meta: dict) -> dict:
     return {k: meta[k] for k in known + rest}
 
 
+# What `pooling none` means in a file of retrieval vectors: no pooling of the towers' rows (`--pool`), while each item
+# is one vector mean-pooled over its tokens by the checkpoint's sentence-transformers Pooling module (mean is the
+# only mode the tool runs: `models/st_inputs.py`).
+RETRIEVAL_POOLING = "the towers' rows unpooled; each item one vector, the checkpoint's mean over its tokens"
+
+
 def shown_header(meta: dict) -> dict:
-    """The header as `inspect` shows it to people: empty fields left out, and for retrieval vectors the pooling
-    each vector went through. Such a file records `pooling none` (no pooling of the towers' rows, `--pool`), while
-    each item is one vector mean-pooled over its tokens by the checkpoint's sentence-transformers Pooling module
-    (mean is the only mode the tool runs: `models/st_inputs.py`)."""
+    """The header as `inspect` shows it to people: empty fields left out, every value the file's own (the pooling
+    of retrieval vectors, `none`, with what it means beside it)."""
     header = {k: v for k, v in ordered_header(meta).items() if str(v) != ""}
-    if header.get("space") == "retrieval" and header.get("pooling", "none") == "none":
-        header["pooling"] = "mean (retrieval)"
+    if header.get("space") == "retrieval" and header.get("pooling") == "none":
+        header["pooling"] = f"none ({RETRIEVAL_POOLING})"
     return header
 
 
@@ -67,12 +71,16 @@ def show(path: str | os.PathLike, limit: int = 20, as_json: bool = False) -> Non
         header.add_row(cell(key, "bold"), cell(value))
     header.add_row(cell("items", "bold"), cell(len(meta["keys"])))
     console.print(header)
+    texts = any(isinstance(item.get("text"), str) for item in meta["items"])  # a text output: its texts, cut
     items = Table()
     for column in ("#", "key", "rows", "dim", "path"):
         items.add_column(column, overflow="fold")
+    if texts:  # one line each, in at most a third of the width: the other columns keep theirs
+        items.add_column("text", overflow="ellipsis", no_wrap=True, max_width=max(10, console.width // 3))
     for i, (key, rows, item) in enumerate(iter_items(path)):
         if limit and i >= limit:
-            items.add_row("...", f"{len(meta['keys']) - limit} more", "", "", "")
+            items.add_row("...", f"{len(meta['keys']) - limit} more", "", "", "", *([""] if texts else []))
             break
-        items.add_row(cell(i), cell(key), cell(rows.shape[0]), cell(rows.shape[1]), cell(item.get("path", "")))
+        shown = [cell(i), cell(key), cell(rows.shape[0]), cell(rows.shape[1]), cell(item.get("path", ""))]
+        items.add_row(*shown, *([cell(item.get("text", ""))] if texts else []))
     console.print(items)

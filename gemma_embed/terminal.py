@@ -42,3 +42,36 @@ def printable(text: str) -> str:
         else:
             out.append(char)
     return "".join(out)
+
+
+ELLIPSIS = "\u2026"
+
+
+def cut_to_width(text: str, columns: int, cut: bool = False) -> str:
+    """`text` in at most `columns` terminal columns (a wide character, as CJK, takes two: rich's measure), ending
+    in an ellipsis where it was cut here or is already the beginning of a longer text (`cut`)."""
+    from rich.cells import cell_len
+
+    if cell_len(text) <= columns and not cut:
+        return text
+    room = max(0, columns - 1)
+    kept, used = [], 0
+    for char in text:
+        size = cell_len(char)
+        if used + size > room:
+            break
+        kept.append(char)
+        used += size
+    return "".join(kept) + ELLIPSIS
+
+
+def shows_summary(quiet: bool, stdout) -> bool:
+    """Whether a command's closing JSON record goes to `stdout`: always for a program reading it (a pipe, a file,
+    `$(...)`), but not onto a terminal under --quiet, where a person asked for silence (-q alone used to print it
+    there anyway)."""
+    if not quiet:
+        return True
+    try:
+        return not stdout.isatty()
+    except (AttributeError, ValueError):  # no such stream, or closed
+        return True

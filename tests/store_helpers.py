@@ -16,6 +16,7 @@ from gemma_embed.store import EmbeddingWriter
 HEADER = {"model": "m", "modality": "images"}
 RESUME_FIX = "remove it or run with --overwrite"
 REBUILD = "embed the inputs again with --overwrite to rebuild it"
+NOT_OURS = {"a pickle"}
 
 
 def write_output(out: Path, count: int = 3) -> Path:
@@ -49,7 +50,8 @@ def _replace(path: Path, make) -> None:
     make(path)
 
 
-# case -> (how to damage a gemma-embed/1 file at `path`, the reason the message gives)
+# case -> (how to damage a gemma-embed/1 file at `path`, the reason the message gives). A case in NOT_OURS leaves
+# something that is no gemma-embed file at all: readers call it "not a gemma-embed output" and advise no rebuild.
 CASES = {
     "a directory": (lambda p: _replace(p, Path.mkdir), "is a directory"),
     "a FIFO": (lambda p: _replace(p, os.mkfifo), "is a FIFO"),

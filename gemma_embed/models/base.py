@@ -31,6 +31,19 @@ class PreparedItem:
     sequence: Any = None
 
 
+# A text item's metadata keeps its text (what a search hit shows: `search.SearchHit.text`), at most this many
+# characters of it: the texts a search shows whole (a line, a passage: MS MARCO's average about 330 characters)
+# while an output's metadata stays bounded at about 1 kB more per item (ASCII; the 200 B an item has without, 6x).
+# Measured on 100k items (2-core AMD EPYC): their JSON metadata 121 MB against 20 MB, parsed in 0.53 s against
+# 0.23 s; long documents (--per-file) keep their beginning, and `chars` says how long the whole text was.
+STORED_TEXT_CHARS = 1000
+
+
+def text_meta(text: str) -> dict:
+    """What a text item's metadata records of its text: its length and (cut at STORED_TEXT_CHARS) the text."""
+    return {"chars": len(text), "text": text[:STORED_TEXT_CHARS]}
+
+
 @dataclass(frozen=True)
 class TokenIds:
     """A text given as token ids (the OpenAI embeddings API's token arrays): the text model's input ids as they are,

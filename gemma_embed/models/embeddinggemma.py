@@ -29,7 +29,7 @@ import functools
 import torch
 
 from gemma_embed.errors import CheckpointError, UsageError
-from gemma_embed.models.base import PreparedItem, TokenIds, Unit, check_token_ids
+from gemma_embed.models.base import PreparedItem, TokenIds, Unit, check_token_ids, text_meta
 from gemma_embed.models.loading import Checkpoint
 from gemma_embed.models.st_head import SentenceTextTower, token_batch
 from gemma_embed.models.st_inputs import (
@@ -113,7 +113,7 @@ class EmbeddingGemmaPreparer:
         ids = full if full.shape[0] <= self.max_seq_length else self._cut(full, text)  # within the limit: no cut
         truncated = int(full.shape[0]) - int(ids.shape[0])
         unit = Unit(inputs={"input_ids": ids, "pool_from": pool_from}, length=int(ids.shape[0]), rows=1)
-        meta = {"chars": len(text), "tokens": unit.length, "truncated_tokens": truncated}
+        meta = {**text_meta(text), "tokens": unit.length, "truncated_tokens": truncated}
         return PreparedItem(units=[unit], meta=meta)
 
     def _cut(self, full: torch.Tensor, text: str) -> torch.Tensor:

@@ -37,7 +37,7 @@ import torch
 
 from gemma_embed.config import Pool
 from gemma_embed.errors import CheckpointError, UsageError
-from gemma_embed.models.base import PreparedItem, TokenIds, Unit, check_token_ids
+from gemma_embed.models.base import PreparedItem, TokenIds, Unit, check_token_ids, text_meta
 from gemma_embed.models.gemma4 import resized_size, trim_vision_inputs
 from gemma_embed.models.gemma4_audio import gemma4_audio_rows
 from gemma_embed.models.loading import Checkpoint
@@ -190,7 +190,7 @@ def _st_input(modality: str, decoded) -> tuple[Any, int | None, dict]:
     if modality == "text":
         if not isinstance(decoded, str):
             raise TypeError("a text item must be a str")
-        return decoded, None, {"chars": len(decoded)}
+        return decoded, None, text_meta(decoded)
     if modality == "image":  # a media.image.DecodedImage (its RGB image and what the file was), or an image
         image = getattr(decoded, "image", decoded)
         return image, None, {"width": image.width, "height": image.height, **getattr(decoded, "meta", {})}

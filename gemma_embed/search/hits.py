@@ -17,10 +17,25 @@ class SearchHit:
     timestamp: float | None  # that frame's time, seconds from the first frame
     item: dict
 
+    @property
+    def text(self) -> str | None:
+        """A text item's text as its output stores it (its first `models.base.STORED_TEXT_CHARS` characters); None
+        for media, and for outputs written before texts were stored."""
+        text = self.item.get("text")
+        return text if isinstance(text, str) else None
+
+    @property
+    def text_cut(self) -> bool:
+        """Whether the stored text is the beginning of a longer one (`chars`: the whole text's length)."""
+        chars = self.item.get("chars")
+        return self.text is not None and isinstance(chars, int) and chars > len(self.text)
+
     def record(self) -> dict:
-        """The JSON-lines form: everything but the item's full metadata."""
+        """The JSON-lines form: everything but the item's full metadata, with a text item's text."""
         out = asdict(self)
         del out["item"]
+        if self.text is not None:
+            out.update(text=self.text, text_cut=self.text_cut)
         return out
 
 

@@ -26,10 +26,19 @@ def render_html_many(groups: list[tuple[str, list[SearchHit]]], modality: str = 
         for hit in hits:
             media = _media_html(hit, modality)
             time = f" at {hit.timestamp:.2f} s" if hit.timestamp is not None else ""
+            text = ""
+            if hit.text is not None:  # the text as stored, whole; an ellipsis where it is a longer text's beginning
+                text = f"<p class=text>{html.escape(hit.text)}{'&hellip;' if hit.text_cut else ''}</p>"
             cards.append(
                 "<li><div class=media>{}</div><div class=info><b>#{}</b> {:.4f}{}<br><code>{}</code><br>"
-                "<small>{}</small></div></li>".format(
-                    media, hit.rank, hit.score, html.escape(time), html.escape(hit.key), html.escape(hit.path or "")
+                "<small>{}</small>{}</div></li>".format(
+                    media,
+                    hit.rank,
+                    hit.score,
+                    html.escape(time),
+                    html.escape(hit.key),
+                    html.escape(hit.path or ""),
+                    text,
                 )
             )
         heading = "h1" if len(groups) == 1 else "h2"
@@ -42,6 +51,7 @@ def render_html_many(groups: list[tuple[str, list[SearchHit]]], modality: str = 
         "body{font-family:sans-serif;margin:2em}ul{list-style:none;padding:0}"
         "li{display:flex;gap:1em;align-items:center;margin:.6em 0}"
         ".media{width:" + str(THUMBNAIL_PX) + "px;text-align:center}img{max-width:100%}audio{width:100%}"
+        ".text{white-space:pre-wrap;margin:.3em 0 0}"
         "</style></head><body>" + "".join(sections) + "</body></html>\n"
     )
 

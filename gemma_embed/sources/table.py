@@ -101,6 +101,8 @@ def _text_kind(kind) -> str | None:
 def _missing_columns(names: list[str], collection: Collection) -> str | None:
     """Why a table with these columns cannot give the run's items (--column missing or not there), or None."""
     listed = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+    if collection.column_holds_text and "text" in collection.keep_columns:  # models.base.text_meta writes it
+        return "--keep-columns text: the text command keeps each item's text under that name itself; rename the column"
     if collection.column is None:
         what = "texts" if collection.column_holds_text else "media or file paths"
         return f"give --column NAME, the column of {what} (its columns: {listed})"

@@ -1,9 +1,11 @@
 """Text for EmbeddingGemma 2: every line of a text file (or of stdin) is one item, or every file with --per-file;
 every row of a table (parquet, JSON lines, a --dataset: the cell of --column, sources/table.py) is one item.
 
-Keys are `FILE:LINE` (1-based; FILE as the file's own key would be: as given, or relative to a walked folder) and
-`stdin:LINE` for lines read from `-`. Line breaks are not part of an item. Each line carries its own bytes, so
---resume knows it by content like any other item. A line that is not UTF-8 is a failed item, named by its key.
+Keys are `FILE:ROW` (FILE as the file's own key would be: as given, or relative to a walked folder) and `stdin:ROW`
+for lines read from `-`, ROW counting the file's lines from 0, as a table's rows count (sources/table.py) and as
+Python indexes them (`text.splitlines()[ROW]`); each item's metadata has `row` too. Line breaks are not part of an
+item. Each line carries its own bytes, so --resume knows it by content like any other item. A line that is not
+UTF-8 is a failed item, named by its key.
 
 Lines are read a chunk at a time with a bound (sources/bounded.py): of a line longer than --max-text-bytes only
 that much is kept, then cut at a character boundary or, with --long-text skip, passed over; a file named `.gz` is
@@ -30,15 +32,16 @@ from gemma_embed.sources.files import TEXT_EXTENSIONS, find_files, process_stdin
 
 
 def line_sources(read: bounded.Read, prefix: str, path: str, collection: Collection) -> Iterator[Source]:
-    """Every line of a stream as its item (`PREFIX:LINE`), blank ones passed over by name, long ones cut or
+    """Every line of a stream as its item (`PREFIX:ROW`, from 0), blank ones passed over by name, long ones cut or
     passed over (`base.text_source`)."""
     for line in bounded.lines(read, collection.max_text_bytes):
-        key, meta = f"{prefix}:{line.number}", {"line": line.number}
+        row = line.number - 1  # rows count from 0, as in tables and Python's lists; `bounded` counts lines from 1
+        key, meta = f"{prefix}:{row}", {"row": row}
         if line.blank:  # a run of blank lines is one item passed over, counted as its lines
-            where = f"line {line.number} is" if line.count == 1 else f"lines {line.number} to {line.last} are"
+            where = f"row {row} is" if line.count == 1 else f"rows {row} to {line.last - 1} are"
             yield Source(key, path, error=f"{where} blank", kind="blank", meta={**meta, "lines": line.count})
         else:
-            yield text_source(key, path, line.data, line.size, meta, collection, f"line {line.number}")
+            yield text_source(key, path, line.data, line.size, meta, collection, f"row {row}")
 
 
 def iter_text_sources(

@@ -41,6 +41,7 @@ _LAZY = {
     **{
         name: "layout"
         for name in (
+            "check_destination",
             "check_output_folder",
             "errors_path",
             "index_path",
@@ -50,6 +51,7 @@ _LAZY = {
             "output_files",
             "parts_folder",
             "plan_shards",
+            "refuse_existing",
             "shard_path",
             "slice_path",
             "write_errors",

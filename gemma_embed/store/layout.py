@@ -22,6 +22,7 @@ import posixpath
 from gemma_embed import FORMAT
 from gemma_embed.errors import UsageError
 from gemma_embed.locations import Location, filesystem_for, location
+from gemma_embed.locations.written import Written, destination
 from gemma_embed.store.atomic import atomic_write_text, guarded_write  # noqa: F401
 from gemma_embed.store.damage import DamagedFile, read_json, require_regular_file  # noqa: F401
 
@@ -145,6 +146,31 @@ def check_output_folder(path: Where) -> Location:
     except OSError as exc:
         raise cannot_write_here(folder, exc) from exc
     return folder
+
+
+def refuse_existing(place: Location, overwrite: bool, otherwise: str = "", exists: bool | None = None) -> None:
+    """The one rule for a file the tool writes where one exists: replaced only when asked (`overwrite`), else one
+    usage error naming the file and the option (`otherwise`: another way past it, as an embed output's
+    `--resume`; `exists`: whether it is there, when that is more than the one name: a sharded output). Worded for
+    the command line; the library's entry points reword it for Python callers (`config.python_spelling`:
+    `overwrite=True`). A link there counts as a file."""
+    if not overwrite and (place.lexists() if exists is None else exists):
+        raise UsageError(f"{place}: exists; pass --overwrite to replace it{otherwise}")
+
+
+def check_destination(where: Where, kind: Written, overwrite: bool, also: tuple[str, ...] = ()) -> Location | None:
+    """Before any work, for every file the tool writes at a name the user gives (an embed command's output, an
+    export, search's page): the name fits what goes there (`locations.written.destination`: its format's suffix,
+    or `-` for standard output where the format streams), its folder exists and takes a new file, and an existing
+    file is replaced only with `overwrite` (`refuse_existing`; `also`: suffixes of the files written beside it,
+    each checked alike). Returns the location, or None for standard output."""
+    place = destination(where, kind)
+    if place is None:
+        return None
+    check_output_folder(place)
+    for file in (place, *(place.with_suffix(suffix) for suffix in also)):
+        refuse_existing(file, overwrite)
+    return place
 
 
 def relative_name(file: Location, folder: Location) -> str:

@@ -23,12 +23,13 @@ from gemma_embed.store.tensors_file import (
     read_header,
 )
 
-# What to do about an output file that is damaged (its format is right, its content is not).
+# What to do about a gemma-embed output that is damaged or of another format version; a file that is no output at
+# all (README.md) gets no such advice: there is nothing to rebuild.
 REBUILD = "embed the inputs again with --overwrite to rebuild it"
 
 
 def _told(exc: DamagedFile) -> DamagedFile:
-    return exc if exc.reason.startswith("format=") else exc.told(fix=REBUILD)
+    return exc.told(fix=REBUILD) if exc.ours else exc
 
 
 def _files(path: Location) -> list[Location]:

@@ -32,9 +32,10 @@ from gemma_embed import FORMAT, __version__, nested_json
 from gemma_embed.config import DTYPE_CODES
 from gemma_embed.device import dtype_name
 from gemma_embed.locations import Location, NotRegularFile, location
-from gemma_embed.store.damage import DamagedFile, require_regular_file
+from gemma_embed.store.damage import FORMAT_NAME, NOT_AN_OUTPUT, DamagedFile, looks_ours, require_regular_file
 
 SAFETENSORS_DTYPES = {getattr(torch, name): code for name, code in DTYPE_CODES.items() if name != "float64"}
+FORMAT_FILE = f"{FORMAT} file"  # the kind a damaged or other-version output is told as
 HEADER_ALIGNMENT = 8  # the data section starts 8-byte aligned, as safetensors' own writer pads it
 
 
@@ -138,13 +139,19 @@ def _safe_open(file: Location) -> Any:
         with file.input_by_name() as (_, name):
             return safe_open(name, framework="pt")
     except (SafetensorError, NotRegularFile) as exc:  # NotRegularFile: swapped in after the check above
-        raise DamagedFile(file, str(exc)) from None
+        raise DamagedFile(file, str(exc), FORMAT_FILE if looks_ours(file) else NOT_AN_OUTPUT) from None
 
 
 def _metadata(file: Location, handle: Any) -> dict[str, str]:
+    """The file's string metadata, when it is a gemma-embed/1 file: a safetensors file without gemma-embed's format
+    field is someone else's (`NOT_AN_OUTPUT`); one of another gemma-embed format an older (or newer) output."""
     meta = dict(handle.metadata() or {})
-    if meta.get("format") != FORMAT:
-        raise DamagedFile(file, f"format={meta.get('format')!r}")
+    found = meta.get("format")
+    if found != FORMAT:
+        if found is None:
+            raise DamagedFile(file, "a safetensors file without gemma-embed's metadata", NOT_AN_OUTPUT)
+        ours = str(found).startswith(FORMAT_NAME)
+        raise DamagedFile(file, f"format={found!r}", FORMAT_FILE if ours else NOT_AN_OUTPUT)
     return meta
 
 

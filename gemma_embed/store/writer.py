@@ -32,6 +32,7 @@ import torch
 from gemma_embed.device import DTYPES, dtype_name
 from gemma_embed.errors import UsageError
 from gemma_embed.locations import Location, NotPlain, location
+from gemma_embed.locations.written import EMBEDDINGS, destination
 from gemma_embed.store import tensors_file
 from gemma_embed.store.layout import (
     HEADER_CAP,
@@ -42,6 +43,7 @@ from gemma_embed.store.layout import (
     output_files,
     parts_folder,
     plan_shards,
+    refuse_existing,
     shard_path,
     write_index,
 )
@@ -136,7 +138,10 @@ class EmbeddingWriter:
                             f"{self.header.get(field)!r}; use the same settings or --overwrite"
                         )
                 damaged = 0
-                for position, (key, item) in enumerate(zip(saved.keys, saved.items, strict=True)):
+                keys = []
+                for position, (old_key, old_item) in enumerate(zip(saved.keys, saved.items, strict=True)):
+                    key, item = renumbered(old_key, old_item)
+                    keys.append(key)
                     if checksums is not None and row_checksum(saved.rows(position)) != checksums[position]:
                         damaged += 1  # not remembered: computed again
                         continue
@@ -147,7 +152,7 @@ class EmbeddingWriter:
                         f"(changed on disk); they are computed again"
                     )
                 if file not in in_parts:
-                    self.base += saved.keys
+                    self.base += keys
         self.part_count = max((_part_number(p) for p in parts), default=-1) + 1
 
     def _remember(self, key: str, saved: Saved) -> None:
@@ -324,21 +329,41 @@ def _own_parts_folder(parts: Location, create: bool) -> Iterator[None]:
         raise DamagedFile(parts, str(exc), "parts folder", RESUME_FIX) from None
 
 
+def renumbered(key: str, item: dict) -> tuple[str, dict]:
+    """A line of a text file as this version keys it, from an output written when lines counted from 1 (key
+    `FILE:LINE`, metadata `line`): `FILE:ROW` with `row` = LINE - 1, as every item counts now. So --resume over such
+    an output reuses its lines under their new keys instead of keeping them beside this run's (readers show an old
+    output as it is). Any other item is itself."""
+    line = item.get("line")
+    if type(line) is not int or "row" in item or not key.endswith(f":{line}"):
+        return key, item
+    meta = {name: value for name, value in item.items() if name != "line"}
+    return f"{key.removesuffix(str(line))}{line - 1}", {**meta, "row": line - 1}
+
+
 def check_output_path(path: Where, overwrite: bool, resume: bool = False) -> None:
-    """Fail before any work if the run would clobber something, or the output folder is not writable."""
-    path = location(path)
-    if path.isdir():
+    """Fail before any work if the run would clobber something, or the output folder is not writable: the rule of
+    every file the tool writes at a name given (`layout.check_destination`: a `.safetensors` name, no `-`, an
+    existing output replaced only with overwrite), with --resume as the other way past an existing one."""
+    if overwrite and resume:
+        raise UsageError(
+            "--overwrite and --resume contradict each other: --overwrite starts the output over, --resume finishes "
+            "or adds to it; give one"
+        )
+    if location(path).isdir():  # said before the name's suffix: `-o photos/` names the mistake itself
         raise UsageError(f"{path}: output path is a folder")
+    path = destination(path, EMBEDDINGS)
+    if path is None:  # never: an embedding output does not stream
+        raise AssertionError("an embedding output has a file name")
     parts = parts_folder(path)
     if resume:  # before a model loads: a damaged part or output is one line now, not minutes later
         check_resumable(path)
-    if not resume and not overwrite:
-        if parts.exists():
+    else:
+        if parts.exists() and not overwrite:
             raise UsageError(
                 f"{parts}: an unfinished run left parts here; pass --resume to finish it or --overwrite to start over"
             )
-        if output_files(path):
-            raise UsageError(f"{path}: output exists; pass --overwrite to replace it or --resume to add to it")
+        refuse_existing(path, overwrite, " or --resume to add to it", exists=bool(output_files(path)))
     check_output_folder(path)
 
 

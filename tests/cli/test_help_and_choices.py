@@ -53,7 +53,10 @@ def test_plan_lists_its_modalities_and_search_k_shows_no_range():
 @pytest.mark.parametrize(
     "args, line",
     [
-        (["export", "x.safetensors", "--to", "csv"], "error: Invalid value for '--to': 'csv': choose parquet or npy"),
+        (
+            ["export", "x.safetensors", "--to", "csv"],
+            "error: Invalid value for '--to': 'csv': choose parquet, npy or jsonl",
+        ),
         (["images", "x", "--pool", "bogus"], "error: Invalid value for '--pool': 'bogus': choose none, mean or frame"),
         (
             ["images", "x", "--dtype", "f8"],

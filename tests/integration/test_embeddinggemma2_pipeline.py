@@ -56,7 +56,7 @@ def _lines_file(tmp_path):
 
 
 def _keys(path) -> list[str]:
-    return [f"{path}:{n}" for n in (1, 2, 4, 5, 6)]
+    return [f"{path}:{n}" for n in (0, 1, 3, 4, 5)]  # lines count from 0, as a table's rows; the blank one is 2
 
 
 @pytest.mark.parametrize("prompt_name", [None, "query"], ids=["no-prompt", "query-prompt"])
@@ -72,7 +72,8 @@ def test_text_lines_equal_sentence_transformers(tmp_path, monkeypatch, sentence_
     assert any(len(batch) > 1 and len({u.length for u in batch}) > 1 for batch in batches)
     meta = gemma_embed.read_metadata(out)
     assert (meta["space"], meta["dim"], meta["modality"]) == ("retrieval", "384", "text")
-    assert [item["line"] for item in meta["items"]] == [1, 2, 4, 5, 6]
+    assert [item["row"] for item in meta["items"]] == [0, 1, 3, 4, 5]
+    assert [item["text"] for item in meta["items"]] == LINES  # stored: what a search shows for a hit
 
 
 def test_dim_256_equals_truncate_dim_256(tmp_path, sentence_transformer):
@@ -167,15 +168,15 @@ def test_search_finds_the_item_a_query_repeats_in_every_form(tmp_path):
     assert table.returncode == 0, table.stderr
     scoring, header, first = table.stdout.splitlines()[:3]
     assert scoring.startswith("prompt: query") and "scoring: cosine" in scoring
-    assert header.split() == ["rank", "score", "key", "path"]
-    assert first.split()[:3] == ["1", "1.0000", "stdin:3"]  # the same text, embedded the same way
+    assert header.split() == ["rank", "score", "key", "path", "text"]  # stdin's path (-) starts no key: shown
+    assert first.split()[:3] == ["1", "1.0000", "stdin:2"]  # the same text, embedded the same way
 
     records = [json.loads(line) for line in _cli("search", index, LINES[0], "--jsonl", "-k", "3").stdout.splitlines()]
-    assert [r["rank"] for r in records] == [1, 2, 3] and records[0]["key"] == "stdin:1"
+    assert [r["rank"] for r in records] == [1, 2, 3] and records[0]["key"] == "stdin:0"
     assert records[0]["score"] > 0.9999 and records[1]["score"] < records[0]["score"]
 
     page = (tmp_path / "hits.html").read_text()
-    assert page.startswith("<!doctype html>") and "stdin:3" in page and LINES[2] in page
+    assert page.startswith("<!doctype html>") and "stdin:2" in page and LINES[2] in page
 
 
 def test_search_refuses_what_it_cannot_answer_in_one_line(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from store_helpers import CASES, HEADER, REBUILD, RESUME_FIX, write_output, write_part
+from store_helpers import CASES, HEADER, NOT_OURS, REBUILD, RESUME_FIX, write_output, write_part
 
 import gemma_embed
 from gemma_embed.errors import UsageError
@@ -19,6 +19,10 @@ from gemma_embed.store import EmbeddingWriter, check_output_path, output_index
 
 def expected(file: Path, kind: str, reason: str, fix: str) -> str:
     return rf"^{re.escape(f'{file}: not a {kind} (')}[^\n]*{re.escape(reason)}[^\n]*\); {re.escape(fix)}$"
+
+
+def not_ours(file: Path, reason: str) -> str:
+    return rf"^{re.escape(f'{file}: not a gemma-embed output (')}[^\n]*{re.escape(reason)}[^\n]*\)$"
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -43,15 +47,18 @@ def test_a_damaged_output_stops_resume_and_readers_with_one_line(tmp_path, case)
     out = write_output(tmp_path / "out.safetensors")
     damage, reason = CASES[case]
     damage(out)
-    resume_says = expected(out, "gemma-embed/1 file", reason, RESUME_FIX)
+    kind = "gemma-embed output" if case in NOT_OURS else "gemma-embed/1 file"
+    resume_says = expected(out, kind, reason, RESUME_FIX)
     if case == "a directory":  # the run's own check, before anything is read
         resume_says = f"^{re.escape(str(out))}: output path is a folder$"
     with pytest.raises(UsageError, match=resume_says):
         check_output_path(out, overwrite=False, resume=True)
+    # A reader advises a rebuild only where there is a gemma-embed output to rebuild.
+    readers_say = expected(out, kind, reason, REBUILD) if case not in NOT_OURS else not_ours(out, reason)
     for read in (gemma_embed.load, gemma_embed.read_metadata):
-        with pytest.raises(UsageError, match=expected(out, "gemma-embed/1 file", reason, REBUILD)):
+        with pytest.raises(UsageError, match=readers_say):
             read(out)
-    with pytest.raises(UsageError, match=expected(out, "gemma-embed/1 file", reason, REBUILD)):
+    with pytest.raises(UsageError, match=readers_say):
         files = output_index(out)  # search's reader: keys and items are decoded when a hit needs them
         [(file.keys, file.items) for file in files]
 

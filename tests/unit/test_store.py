@@ -68,8 +68,13 @@ def test_reader_rejects_foreign_files(tmp_path):
     from safetensors.torch import save_file
 
     save_file({"x": torch.zeros(1)}, tmp_path / "f.safetensors")
-    with pytest.raises(ValueError, match="gemma-embed/1"):
+    with pytest.raises(ValueError, match=r"f\.safetensors: not a gemma-embed output \(a safetensors file without "):
         gemma_embed.load(tmp_path / "f.safetensors")
+    save_file({"x": torch.zeros(1)}, tmp_path / "old.safetensors", metadata={"format": "gemma-embed/0"})
+    with pytest.raises(
+        ValueError, match=r"not a gemma-embed/1 file \(format='gemma-embed/0'\); embed the inputs again"
+    ):
+        gemma_embed.load(tmp_path / "old.safetensors")  # an older version's output: rebuilding it is the way
 
 
 def test_keys_with_special_characters_are_data(tmp_path):
