@@ -7,7 +7,6 @@ import json
 from gemma_embed.search.hits import SearchHit
 from gemma_embed.search.queries import QueryResult
 
-
 # The least room the text column of a table keeps, however narrow the terminal: a few words.
 MIN_TEXT_COLUMNS = 20
 

@@ -352,9 +352,10 @@ def check_output_path(path: Where, overwrite: bool, resume: bool = False) -> Non
         )
     if location(path).isdir():  # said before the name's suffix: `-o photos/` names the mistake itself
         raise UsageError(f"{path}: output path is a folder")
-    path = destination(path, EMBEDDINGS)
-    if path is None:  # never: an embedding output does not stream
+    named = destination(path, EMBEDDINGS)
+    if named is None:  # never: an embedding output does not stream
         raise AssertionError("an embedding output has a file name")
+    path = named
     parts = parts_folder(path)
     if resume:  # before a model loads: a damaged part or output is one line now, not minutes later
         check_resumable(path)
