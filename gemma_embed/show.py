@@ -51,7 +51,7 @@ def show(path: str | os.PathLike, limit: int = 20, as_json: bool = False) -> Non
     from rich.table import Table
     from rich.text import Text
 
-    from gemma_embed.store import iter_items, read_metadata
+    from gemma_embed.store import item_shapes, read_metadata
     from gemma_embed.terminal import printable
 
     def cell(value, style: str = "") -> Text:
@@ -70,9 +70,9 @@ def show(path: str | os.PathLike, limit: int = 20, as_json: bool = False) -> Non
     items = Table()
     for column in ("#", "key", "rows", "dim", "path"):
         items.add_column(column, overflow="fold")
-    for i, (key, rows, item) in enumerate(iter_items(path)):
+    for i, (key, rows, width, item) in enumerate(item_shapes(path)):
         if limit and i >= limit:
             items.add_row("...", f"{len(meta['keys']) - limit} more", "", "", "")
             break
-        items.add_row(cell(i), cell(key), cell(rows.shape[0]), cell(rows.shape[1]), cell(item.get("path", "")))
+        items.add_row(cell(i), cell(key), cell(rows), cell(width), cell(item.get("path", "")))
     console.print(items)
