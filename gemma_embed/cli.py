@@ -275,6 +275,7 @@ def _embed(config: RunConfig) -> None:
     # The output's lock before the pipeline imports torch (seconds on a busy machine): a second run into a busy
     # output fails at once. `run` takes it again (re-entrant) for library callers.
     with writer_lock(config.output, config.num_slices, config.slice_index):
+        reporter.loading(config.model)  # before torch: the pipeline's import takes seconds
         from gemma_embed.pipeline import run
 
         result = run(config, reporter, own_process=True)  # the command line owns its process: signals, fd 2
@@ -319,12 +320,15 @@ _embed_command("audio", "Embed audio: one item per file (decoded to mono at the 
 
 
 def _plan(modality: str, **options) -> None:
-    from gemma_embed.pipeline import plan
     from gemma_embed.progress import Reporter
 
     config = config_from(modality, options)
     _require_input(config)
-    plan(config, Reporter(quiet=config.quiet), own_process=True)
+    reporter = Reporter(quiet=config.quiet)
+    reporter.loading(config.model)
+    from gemma_embed.pipeline import plan
+
+    plan(config, reporter, own_process=True)
 
 
 _command("plan", "Dry run: device, free memory, buckets and chunk sizes; nothing is encoded.", _plan, [_paths("plan")])
@@ -377,7 +381,13 @@ OUTPUT_ARGUMENT = "A gemma-embed output (.safetensors or .index.json)."
 def _search(
     index: str, query: str | None, queries, image, video, audio, top, html, exact, overwrite, **embedding
 ) -> None:
+    from gemma_embed.index import output_model
     from gemma_embed.locations.written import PAGE
+    from gemma_embed.progress import Reporter
+
+    reporter = Reporter(emit_json=False)
+    if reporter.live:  # a terminal: say what loads before importing torch (the output's header: no torch)
+        reporter.loading(embedding["model"] or output_model(index) or index)
     from gemma_embed.search import collect_queries, query_many, render_html_many, render_results
     from gemma_embed.store import check_destination
 

@@ -195,6 +195,15 @@ def _mismatch(record: dict, output: Location) -> str | None:
     return None if changed is None else f"the output changed after it was indexed ({changed})"
 
 
+def output_model(output: str | os.PathLike) -> str | None:
+    """The model an output was made with, from its header (torch is not imported); None when the output cannot
+    be read: whoever reads it next says why."""
+    try:
+        return output_header(output).get("model") or None
+    except (OSError, ValueError, UsageError):
+        return None
+
+
 def output_header(output: str | os.PathLike) -> dict:
     """The output's run metadata (model, space, width...): from its current index when it has one (no JSON
     header parsed), else from its first file."""

@@ -74,6 +74,7 @@ def _run(config: RunConfig, reporter: Reporter | None, stdin, own_process: bool,
             found = _require_input(config, stdin, skipped)  # before loading a model
             runner.begin()
             waiting = "loading the model"
+            reporter.loading(config.model)
             planned = runner.load()  # every usage error first, from configs; then the weights
         except Interrupted as interrupted:
             reporter.note(f"interrupted while {waiting}; nothing to save")

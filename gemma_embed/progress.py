@@ -65,6 +65,7 @@ class Reporter:
         self._progress = None
         self._task = None
         self._status = ""
+        self._loading_shown = False
 
     @classmethod
     def silent(cls) -> Reporter:
@@ -72,6 +73,14 @@ class Reporter:
         return cls(quiet=True, emit_json=False)
 
     # ------------------------------------------------------------------------------------------ lifecycle
+    def loading(self, model: str) -> None:
+        """`loading MODEL ...` on a terminal (not with -q), once: the first line a person sees, while torch,
+        transformers and the weights load (seconds on a small machine) before the progress bar starts. The command
+        line calls it before it imports torch; the run calls it again, a no-op then, for library callers."""
+        if self.live and not self._loading_shown:
+            self._loading_shown = True
+            self._err(f"loading {model} ...")
+
     def start(self, description: str, result: RunResult, total: int | None = None) -> None:
         self.result = result
         if not self.live:

@@ -55,7 +55,7 @@ def show(path: str | os.PathLike, limit: int = 20, as_json: bool = False) -> Non
     from rich.table import Table
     from rich.text import Text
 
-    from gemma_embed.store import iter_items, read_metadata
+    from gemma_embed.store import item_shapes, read_metadata
     from gemma_embed.terminal import printable
 
     def cell(value, style: str = "") -> Text:
@@ -77,10 +77,10 @@ def show(path: str | os.PathLike, limit: int = 20, as_json: bool = False) -> Non
         items.add_column(column, overflow="fold")
     if texts:  # one line each, in at most a third of the width: the other columns keep theirs
         items.add_column("text", overflow="ellipsis", no_wrap=True, max_width=max(10, console.width // 3))
-    for i, (key, rows, item) in enumerate(iter_items(path)):
+    for i, (key, rows, width, item) in enumerate(item_shapes(path)):
         if limit and i >= limit:
             items.add_row("...", f"{len(meta['keys']) - limit} more", "", "", "", *([""] if texts else []))
             break
-        shown = [cell(i), cell(key), cell(rows.shape[0]), cell(rows.shape[1]), cell(item.get("path", ""))]
+        shown = [cell(i), cell(key), cell(rows), cell(width), cell(item.get("path", ""))]
         items.add_row(*shown, *([cell(item.get("text", ""))] if texts else []))
     console.print(items)

@@ -30,10 +30,10 @@ import torch
 
 from gemma_embed.errors import CheckpointError, UsageError
 from gemma_embed.models.base import PreparedItem, TokenIds, Unit, check_token_ids, text_meta
+from gemma_embed.models.families.embeddinggemma import MODEL_TYPE
 from gemma_embed.models.loading import Checkpoint
 from gemma_embed.models.st_head import SentenceTextTower, token_batch
 from gemma_embed.models.st_inputs import (
-    ST_QUERIES,
     InputFormer,
     SentenceTransformerSetup,
     load_st_processor,
@@ -42,7 +42,6 @@ from gemma_embed.models.st_inputs import (
 from gemma_embed.models.text_cost import text_sequence_cost
 from gemma_embed.pooling import mean_pool
 
-MODEL_TYPE = "gemma3_text"
 # Gemma3TextModel.save_pretrained writes its tensors without a prefix (embed_tokens., layers.N., norm.).
 TEXT_MODEL_PREFIXES = ("",)
 
@@ -196,7 +195,7 @@ class EmbeddingGemmaTextTower(SentenceTextTower):
         return self.head(mean_pool(hidden, pool))  # (B, D): one row per unit, split by the engine
 
 
-# ------------------------------------------------------------------------------------------- the family
+# ------------------------------------------------------------- the family's builders (models/families/ declares it)
 
 
 def build_text(config, checkpoint: Checkpoint, device, dtype, space):
@@ -208,30 +207,6 @@ def build_text(config, checkpoint: Checkpoint, device, dtype, space):
     return text_stages(preparer, [Stage(tower, space)])
 
 
-def _check(config, space) -> None:
+def check_options(config, space) -> None:
+    """The family's check before anything loads: no float16."""
     refuse_float16(config.dtype)
-
-
-def _family():
-    from gemma_embed.config import Modality, Space
-    from gemma_embed.models.family import Family, Support
-
-    return Family(
-        name="EmbeddingGemma",
-        model_types=(MODEL_TYPE,),
-        examples=("google/embeddinggemma-300m",),
-        help=(
-            "text to one normalised vector, as sentence-transformers computes it: --prompt-name (the checkpoint's "
-            "prompts: query, document, ...) or --prompt, --dim to keep fewer dimensions (Matryoshka: 512, 256, "
-            "128); lines over its max_seq_length are cut as sentence-transformers cuts them. Not in float16 (its "
-            "activations overflow it)."
-        ),
-        commands={Modality.text: Support(build_text, (Space.retrieval,))},
-        check=_check,
-        matches=lambda config: bool(getattr(config, "use_bidirectional_attention", False)),
-        described_as=f"{MODEL_TYPE} with use_bidirectional_attention",
-        queries=ST_QUERIES,
-    )
-
-
-FAMILY = _family()

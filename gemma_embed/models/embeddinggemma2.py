@@ -37,6 +37,7 @@ import torch
 
 from gemma_embed.config import Pool
 from gemma_embed.errors import CheckpointError, UsageError
+from gemma_embed.models import gemma4, gemma4_audio
 from gemma_embed.models.base import PreparedItem, TokenIds, Unit, check_token_ids, text_meta
 from gemma_embed.models.gemma4 import resized_size, trim_vision_inputs
 from gemma_embed.models.gemma4_audio import gemma4_audio_rows
@@ -45,7 +46,6 @@ from gemma_embed.models.st_head import SentenceTextTower, token_batch
 from gemma_embed.models.st_inputs import (
     MODALITIES,
     MODEL_TYPE,
-    ST_QUERIES,
     InputFormer,
     SentenceTransformerSetup,
     load_st_processor,
@@ -287,7 +287,7 @@ class EmbeddingGemma2TextTower(SentenceTextTower):
         return self.head(mean_pool(hidden, pool))  # (B, D): one row per unit, split by the engine
 
 
-# ------------------------------------------------------------------------------------------- the family
+# ------------------------------------------------------------- the family's builders (models/families/ declares it)
 
 
 def retrieval_stages(config, checkpoint: Checkpoint, device, dtype, modality):
@@ -339,34 +339,7 @@ def _build(tower_build):
     return build
 
 
-def _family():
-    from gemma_embed.config import Modality, Space
-    from gemma_embed.models.family import Family, Support
-    from gemma_embed.models.gemma4 import build_images, build_video
-    from gemma_embed.models.gemma4_audio import build_audio
-
-    spaces = (Space.retrieval, Space.language, Space.tower)
-    one_row = {Space.retrieval: (Pool.none, Pool.mean)}
-    vision = ("vision", "gemma4_vision")
-    return Family(
-        name="EmbeddingGemma 2",
-        model_types=(MODEL_TYPE,),
-        examples=("google/embeddinggemma-2",),
-        help=(
-            "images, video, audio and text to one normalised vector each, in one space (the Gemma 4 towers, then "
-            "the text model), as sentence-transformers computes them: --prompt-name or --prompt, --dim to keep "
-            "fewer dimensions. --space language or tower gives the Gemma 4 towers' own rows instead."
-        ),
-        commands={
-            Modality.images: Support(_build(build_images), spaces, tower=vision),
-            Modality.video: Support(
-                _build(build_video), spaces, (Pool.none, Pool.mean, Pool.frame), vision, pools_by_space=one_row
-            ),
-            Modality.audio: Support(_build(build_audio), spaces, tower=("audio", "gemma4_audio")),
-            Modality.text: Support(_build(None), (Space.retrieval,)),
-        },
-        queries=ST_QUERIES,
-    )
-
-
-FAMILY = _family()
+build_images = _build(gemma4.build_images)
+build_video = _build(gemma4.build_video)
+build_audio = _build(gemma4_audio.build_audio)
+build_text = _build(None)

@@ -5,10 +5,15 @@ builds each command's stages (its preparers and towers, each tower with its own 
 
 Everything a family answers before building comes from the checkpoint's config alone, so every usage error
 (an unsupported command, space, --pool or --dim) is raised before any tensor is read.
+
+A declaration names the functions that build and check as `Deferred("module", "name")`: the module (torch,
+transformers and the processing it needs) is imported when the function is first called, so `gemma-embed models`,
+`--help` and the routing of a run read the families without importing torch.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +22,22 @@ from gemma_embed.config import Modality, Pool, RunConfig, Space
 
 # (config, checkpoint, device, dtype, space) -> modalities.ModalityStages, its towers built but not loaded.
 Build = Callable[[RunConfig, Any, Any, Any, Space], Any]
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """The function `name` of module `module`, imported on its first call. A family's declaration names its
+    builders this way: importing the module that implements them costs torch and transformers' modelling and
+    processing code (seconds), which listing the families, or a command that never builds them, does not pay."""
+
+    module: str
+    name: str
+
+    def resolve(self) -> Callable[..., Any]:
+        return getattr(importlib.import_module(self.module), self.name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
 
 
 @dataclass(frozen=True)

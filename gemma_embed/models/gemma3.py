@@ -22,11 +22,10 @@ from __future__ import annotations
 import torch
 
 from gemma_embed.models.base import EncoderTower, PreparedItem, Unit
+from gemma_embed.models.families.gemma3 import MODEL_TYPE, VISION_MODEL_TYPE
 from gemma_embed.models.fixed_resolution import FixedResolutionPreparer, FixedResolutionVideoPreparer
 from gemma_embed.models.loading import Checkpoint, tower_configs
 
-MODEL_TYPE = "gemma3"
-VISION_MODEL_TYPE = "siglip_vision_model"
 # Pan-and-scan settings the image processor leaves unset (null in the hub's preprocessor_config.json) come from
 # Gemma3Processor's own defaults, as its __call__ merges them; these are the image processor's keyword names.
 PAN_AND_SCAN_KEYS = (
@@ -190,7 +189,7 @@ def siglip_item_cost(
     return int(max(mlp, embedder, attention))
 
 
-# ------------------------------------------------------------------------------------------- the family
+# ------------------------------------------------------------- the family's builders (models/families/ declares it)
 
 
 def build_images(config, checkpoint: Checkpoint, device, dtype, space):
@@ -206,28 +205,3 @@ def build_video(config, checkpoint: Checkpoint, device, dtype, space):
     preparer = Gemma3VideoPreparer(checkpoint, str(space))
     chain = [Stage(Gemma3VisionTower(checkpoint, device, dtype, load=False), space)]
     return video_stages(config, preparer, chain, preparer.num_frames, preparer.fps)
-
-
-def _family():
-    from gemma_embed.config import Modality, Pool, Space
-    from gemma_embed.models.family import Family, Support
-
-    towers = (Space.language, Space.tower)
-    vision = ("vision", VISION_MODEL_TYPE)
-    return Family(
-        name="Gemma 3",
-        model_types=(MODEL_TYPE,),
-        examples=("google/gemma-3-4b-it", "google/gemma-3-27b-it"),
-        help=(
-            "SigLIP at one fixed size (896 px: 256 soft tokens an image, 4096 rows in the tower space), so every "
-            "batch is full and never padded. --pan-and-scan adds the image processor's crops of a wide or tall "
-            "image as further rows of the item; video frames go through the image processor one by one."
-        ),
-        commands={
-            Modality.images: Support(build_images, towers, tower=vision),
-            Modality.video: Support(build_video, towers, pools=(Pool.none, Pool.mean, Pool.frame), tower=vision),
-        },
-    )
-
-
-FAMILY = _family()

@@ -140,7 +140,7 @@ def gemma3n_audio_item_cost(
     return int(max(0, int(mel_frames)) * per_frame_bytes)
 
 
-# ------------------------------------------------------------------------------------------- the family
+# ------------------------------------------------------------- the family's builders (models/families/ declares it)
 
 
 def build_audio(config, checkpoint, device, dtype, space):
@@ -151,32 +151,3 @@ def build_audio(config, checkpoint, device, dtype, space):
     # keep_tail: this tower's convolutions look past a window's end, so a unit keeps every frame (see AudioPreparer)
     preparer = AudioPreparer(load_feature_extractor(checkpoint), tower.rows_for_frames, config.window_s, True)
     return audio_stages(preparer, [Stage(tower, space)], preparer.sample_rate)
-
-
-def _family():
-    from gemma_embed.config import Modality, Pool, Space
-    from gemma_embed.models import gemma3n_vision
-    from gemma_embed.models.family import Family, Support
-
-    towers = (Space.language, Space.tower)
-    vision = ("vision", gemma3n_vision.VISION_MODEL_TYPE)
-    return Family(
-        name="Gemma 3n",
-        model_types=("gemma3n",),
-        examples=("google/gemma-3n-e2b-it", "google/gemma-3n-e4b-it"),
-        help=(
-            "the MobileNetV5 vision tower at the processor's fixed size (768 px: 256 soft tokens an image; it needs "
-            "timm: pip install 'gemma-embed[gemma3n]'). The audio tower's soft tokens, a window of at most "
-            "--window-s at a time."
-        ),
-        commands={
-            Modality.images: Support(gemma3n_vision.build_images, towers, tower=vision),
-            Modality.video: Support(
-                gemma3n_vision.build_video, towers, pools=(Pool.none, Pool.mean, Pool.frame), tower=vision
-            ),
-            Modality.audio: Support(build_audio, towers, tower=("audio", "gemma3n_audio")),
-        },
-    )
-
-
-FAMILY = _family()

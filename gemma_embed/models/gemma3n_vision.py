@@ -21,11 +21,9 @@ import torch
 
 from gemma_embed.errors import CheckpointError
 from gemma_embed.models.base import EncoderTower, Unit
+from gemma_embed.models.families.gemma3n import VISION_MODEL_TYPE
 from gemma_embed.models.fixed_resolution import FixedResolutionImagePreparer, FixedResolutionVideoPreparer
 from gemma_embed.models.loading import Checkpoint, tower_configs
-
-MODEL_TYPE = "gemma3n"
-VISION_MODEL_TYPE = "gemma3n_vision"
 
 
 def is_gemma3n_vision(checkpoint: Checkpoint) -> bool:

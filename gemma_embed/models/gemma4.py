@@ -223,7 +223,7 @@ def vision_item_cost(
     return int(max(mlp, pooler, embedder, attention))
 
 
-# ------------------------------------------------------------------------------------------- the family
+# ------------------------------------------------------------- the family's builders (models/families/ declares it)
 
 
 def vision_chain(checkpoint: Checkpoint, device, dtype, space) -> list:
@@ -247,31 +247,3 @@ def build_video(config, checkpoint: Checkpoint, device, dtype, space):
     preparer = Gemma4VideoPreparer(checkpoint, config.max_soft_tokens)
     chain = vision_chain(checkpoint, device, dtype, space)
     return video_stages(config, preparer, chain, preparer.num_frames, preparer.fps)
-
-
-def _family():
-    from gemma_embed.config import Modality, Pool, Space
-    from gemma_embed.models.family import Family, Support
-    from gemma_embed.models.gemma4_audio import build_audio
-
-    towers = (Space.language, Space.tower)
-    vision = ("vision", "gemma4_vision")
-    return Family(
-        name="Gemma 4",
-        model_types=("gemma4",),
-        examples=("google/gemma-4-e2b-it",),
-        help=(
-            "soft tokens of the vision tower (images, sampled video frames) at the processor's soft-token budget, "
-            "--max-soft-tokens 70, 140, 280, 560 or 1120 (the released checkpoints': 280 an image, 70 a frame, up to "
-            "32 frames a video); images of one patch count share a batch, never padded. The audio tower's soft "
-            "tokens, a window of at most --window-s at a time."
-        ),
-        commands={
-            Modality.images: Support(build_images, towers, tower=vision),
-            Modality.video: Support(build_video, towers, pools=(Pool.none, Pool.mean, Pool.frame), tower=vision),
-            Modality.audio: Support(build_audio, towers, tower=("audio", "gemma4_audio")),
-        },
-    )
-
-
-FAMILY = _family()

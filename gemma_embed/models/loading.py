@@ -422,14 +422,40 @@ CLASS_FIELDS = {
 
 @functools.cache
 def _known_class(field: str, name: str) -> bool:
-    """Whether transformers has the class `name` for `field`, looked up as its Auto loaders look it up; a
-    pre-v5 `...Fast` name counts as its base class (transformers maps one to the other)."""
+    """Whether transformers has the class `name` for `field`, as its Auto loaders look it up; a pre-v5 `...Fast`
+    name counts as its base class (transformers maps one to the other).
+
+    A name transformers' top-level module exports is its own class: each Auto lookup ends by asking that module
+    for the name, so it finds every such name. That table is read without importing any class
+    (`_exported_by_transformers`); the lookup itself imports the field's whole registry (the image processors pull
+    in torchvision: about 6 s of a text query's start on this project's 2-core machine). Any other name (one
+    registered at run time, a legacy alias, a checkpoint's own class) goes through transformers' own lookup."""
+    candidates = tuple(dict.fromkeys((name.removesuffix("Fast"), name)))
+    if any(_exported_by_transformers(candidate) for candidate in candidates):
+        return True
+    return _found_by_lookup(field, candidates)
+
+
+def _exported_by_transformers(name: str) -> bool:
+    """Whether `name` is in the top-level `transformers` module's import structure: the classes it imports on
+    first use (`_class_to_module`), the ones it holds (`_objects`) and those whose backend is missing (a
+    placeholder naming the package to install). False where transformers keeps no such tables (another layout
+    of its lazy module): then the lookup decides."""
+    import transformers
+
+    tables = [
+        getattr(transformers, table, None) for table in ("_class_to_module", "_objects", "_object_missing_backend")
+    ]
+    return any(isinstance(table, dict) and name in table for table in tables)
+
+
+def _found_by_lookup(field: str, candidates: tuple[str, ...]) -> bool:
     import importlib
 
     module_name, function = CLASS_FIELDS[field]
     lookup = getattr(importlib.import_module(f"transformers.models.auto.{module_name}"), function)
     with _quiet_logger("transformers"):  # a `...Fast` image processor name logs a deprecation warning
-        return any(lookup(candidate) is not None for candidate in dict.fromkeys((name.removesuffix("Fast"), name)))
+        return any(lookup(candidate) is not None for candidate in candidates)
 
 
 def _unknown_model_type(model_type) -> str | None:

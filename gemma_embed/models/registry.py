@@ -1,10 +1,11 @@
 """The model families gemma-embed runs, and the one place that decides what a checkpoint can do.
 
-A family is one module in `models/` exposing `FAMILY` (a `models.family.Family`); adding one to the package is
-that module plus its line in `FAMILY_MODULES`, and code outside the package (a test, a notebook, another package)
-adds one with `register(family)`. Everything here answers from the checkpoint's config alone: `resolve` checks the
-command, space, --pool, --dim and prompts before any tensor is read, and the error for an unsupported checkpoint,
-`gemma-embed models` and the README's table of supported models come from the same table.
+A family is one declaration module in `models/families/` exposing `FAMILY` (a `models.family.Family`, which names
+the functions that build its stages as `Deferred` references, so reading it imports no torch); adding one to the
+package is that module, the code it names, and its line in `FAMILY_MODULES`, and code outside the package (a test, a
+notebook, another package) adds one with `register(family)`. Everything here answers from the checkpoint's config
+alone: `resolve` checks the command, space, --pool, --dim and prompts before any tensor is read, and the error for
+an unsupported checkpoint, `gemma-embed models` and the README's table of supported models come from the same table.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from gemma_embed.errors import CheckpointError, UsageError
 from gemma_embed.models.family import Family, Support
 
 FAMILY_MODULES = (
-    "gemma_embed.models.gemma4",
-    "gemma_embed.models.gemma3",
-    "gemma_embed.models.gemma3n",
-    "gemma_embed.models.embeddinggemma",
-    "gemma_embed.models.embeddinggemma2",
+    "gemma_embed.models.families.gemma4",
+    "gemma_embed.models.families.gemma3",
+    "gemma_embed.models.families.gemma3n",
+    "gemma_embed.models.families.embeddinggemma",
+    "gemma_embed.models.families.embeddinggemma2",
 )
 HELP_WIDTH = 100  # the families' words below `gemma-embed models`' table, wrapped for a terminal
 # Families added by `register`, in the order they came: after the package's own, so a checkpoint a package family
@@ -33,7 +34,7 @@ _registered: list[Family] = []
 
 @functools.cache
 def _package_families() -> tuple[Family, ...]:
-    """The package's own families (their modules imported once, on first use: they import torch)."""
+    """The package's own families (their declarations imported once, on first use; no torch)."""
     return tuple(importlib.import_module(name).FAMILY for name in FAMILY_MODULES)
 
 

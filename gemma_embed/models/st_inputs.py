@@ -18,10 +18,9 @@ import torch
 
 from gemma_embed.config import Modality
 from gemma_embed.errors import CheckpointError, UsageError
-from gemma_embed.models.family import Queries
+from gemma_embed.models.families.embeddinggemma2 import MODEL_TYPE
 from gemma_embed.models.loading import Checkpoint, load_pretrained
 
-MODEL_TYPE = "embedding_gemma2"
 MODALITIES = tuple(m.singular for m in (Modality.text, Modality.images, Modality.video, Modality.audio))
 
 # sentence-transformers' files: module list, settings of its Transformer module, model-level settings (prompts).
@@ -208,11 +207,6 @@ def read_sentence_transformers(checkpoint: Checkpoint) -> SentenceTransformerSet
 def st_prompts(checkpoint: Checkpoint) -> dict[str, str]:
     """The checkpoint's named prompts (config_sentence_transformers.json)."""
     return dict(read_sentence_transformers(checkpoint).prompts)
-
-
-# How `search` embeds a query of a sentence-transformers checkpoint's output: with its "query" prompt, as
-# `SentenceTransformer.encode_query` does (both EmbeddingGemma families).
-ST_QUERIES = Queries(prompt_name="query", prompts=st_prompts)
 
 
 def activation_module(path: str) -> torch.nn.Module:

@@ -8,12 +8,14 @@
 - `layout`: the names of parts, shards, slices, manifests, the index, the errors file and the lock;
 - `lock`: `output_lock`, one writer per output;
 - `writer`: `EmbeddingWriter` (parts, resume, the final order, shards);
-- `reader`: `load`, `iter_items`, `read_metadata` over every layout; `output_index` and `iter_row_blocks` for
+- `reader`: `load`, `iter_items`, `read_metadata` (and `item_shapes`, which like it imports no torch) over every
+  layout; `output_index` and `iter_row_blocks` for
   readers that scan every row in blocks (search).
 
-Names are resolved on first use: the writer and reader import torch, while the command line takes the output's
-lock (`layout` and `lock` need no torch) before it imports torch, so that a second run into a busy output fails
-at once.
+Names are resolved on first use: the writer imports torch, and the reader imports it for tensors only (headers,
+keys, items and shapes come through safetensors' numpy reader: `gemma-embed inspect` starts in well under a
+second); the command line takes the output's lock (`layout` and `lock` need no torch) before it imports torch, so
+that a second run into a busy output fails at once.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ _LAZY = {
     "OutputFile": "reader",
     "RowBlock": "reader",
     "iter_items": "reader",
+    "item_shapes": "reader",
     "iter_row_blocks": "reader",
     "load": "reader",
     "output_index": "reader",

@@ -7,8 +7,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from gemma_embed import FORMAT
 from gemma_embed.locations import Location, location
@@ -22,6 +21,9 @@ from gemma_embed.store.tensors_file import (
     json_list,
     read_header,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 # What to do about a gemma-embed output that is damaged or of another format version; a file that is no output at
 # all (README.md) gets no such advice: there is nothing to rebuild.
@@ -50,16 +52,19 @@ def _index_keys(path: Location) -> tuple[Location, dict[str, int]] | None:
     return (index, keys) if keys else None
 
 
-def _open_rows(file: Location, stack: ExitStack) -> FileRows:
+def _open_rows(file: Location, stack: ExitStack, framework: str) -> FileRows:
     try:
-        return FileRows(file, stack)
+        return FileRows(file, stack, framework)
     except DamagedFile as exc:
         raise _told(exc) from None
 
 
-def _entries(path: Location, stack: ExitStack) -> Iterator[tuple[str, dict, Callable[[], torch.Tensor], dict]]:
-    """(key, item metadata, rows reader, file header) in order; rows are read only when asked."""
-    opened = [_open_rows(file, stack) for file in _files(path)]
+def _entries(
+    path: Location, stack: ExitStack, framework: str = "pt"
+) -> Iterator[tuple[str, dict, Callable[[], torch.Tensor], FileRows]]:
+    """(key, item metadata, rows reader, its file) in order; rows are read only when asked (as numpy arrays with
+    `framework="numpy"`, which imports no torch)."""
+    opened = [_open_rows(file, stack, framework) for file in _files(path)]
     positions = [{key: i for i, key in enumerate(file.keys)} for file in opened]
     indexed = _index_keys(path)
     if indexed is None:  # a single file, or files whose concatenation is the order
@@ -72,23 +77,31 @@ def _entries(path: Location, stack: ExitStack) -> Iterator[tuple[str, dict, Call
         file, i = opened[number], positions[number].get(key)
         if i is None:
             raise DamagedFile(index, f"names {key!r} in {file.file}, which does not hold it", f"{FORMAT} index")
-        yield key, file.items[i], functools.partial(file.rows, i), file.metadata
+        yield key, file.items[i], functools.partial(file.rows, i), file
 
 
 def read_metadata(path: str | os.PathLike) -> dict:
     """The header of an output with `keys` and `items` decoded from JSON, in order (for shards or slices:
-    the first file's header with every file's keys and items). Reads no embeddings."""
+    the first file's header with every file's keys and items). Reads no embeddings, imports no torch."""
     meta: dict = {}
     keys: list[str] = []
     items: list[dict] = []
     with ExitStack() as stack:
-        for key, item, _, header in _entries(location(path), stack):
-            meta = meta or header
+        for key, item, _, file in _entries(location(path), stack, "numpy"):
+            meta = meta or file.metadata
             keys.append(key)
             items.append(item)
     if not meta:
         meta = read_header(_files(location(path))[0])
     return {**meta, "keys": keys, "items": items}
+
+
+def item_shapes(path: str | os.PathLike) -> Iterator[tuple[str, int, int, dict]]:
+    """(key, rows, width, item metadata) of each item in order, from the files' headers: no embedding is read
+    and torch is not imported (`gemma-embed inspect`)."""
+    with ExitStack() as stack:
+        for key, item, _, file in _entries(location(path), stack, "numpy"):
+            yield key, item["rows"], file.width, item
 
 
 def iter_items(path: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor, dict]]:

@@ -24,17 +24,19 @@ import os
 import struct
 import zlib
 from collections.abc import Iterable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from gemma_embed import FORMAT, __version__, nested_json
 from gemma_embed.config import DTYPE_CODES
-from gemma_embed.device import dtype_name
 from gemma_embed.locations import Location, NotRegularFile, location
 from gemma_embed.store.damage import FORMAT_NAME, NOT_AN_OUTPUT, DamagedFile, looks_ours, require_regular_file
 
-SAFETENSORS_DTYPES = {getattr(torch, name): code for name, code in DTYPE_CODES.items() if name != "float64"}
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported by the functions that write or read tensors: reading a file's header, keys, items and shapes
+# (`gemma-embed inspect`, `read_metadata`) goes through safetensors' numpy reader and never imports it.
+EMBEDDING_CODES = {name: code for name, code in DTYPE_CODES.items() if name != "float64"}  # by torch dtype name
 FORMAT_FILE = f"{FORMAT} file"  # the kind a damaged or other-version output is told as
 HEADER_ALIGNMENT = 8  # the data section starts 8-byte aligned, as safetensors' own writer pads it
 
@@ -47,6 +49,8 @@ def file_metadata(
     row_checksums: list[str] | None = None,
 ) -> dict[str, str]:
     """The string metadata of one file, in a fixed order; `row_checksums` (parts) are checked by --resume."""
+    from gemma_embed.device import dtype_name
+
     meta = {
         **header,
         "format": FORMAT,
@@ -68,12 +72,16 @@ def row_checksum(rows: torch.Tensor) -> str:
     whoever can rewrite a part can rewrite any checksum in it too. Measured (`python -m bench.bench_part_checksum`,
     2-core AMD EPYC): 0.56 ms for the 1.7 MB rows of a 280-token image at hidden 1536 (3.1 GB/s), a quarter more
     on the part's own write (1.7 ms per item), where sha256 took 1.9 ms."""
+    import torch
+
     flat = rows.detach().to("cpu").contiguous().reshape(-1)
     data: Any = flat.view(torch.uint8).numpy()  # a buffer: no copy
     return f"{zlib.crc32(data):08x}"
 
 
 def _raw_bytes(tensor: torch.Tensor) -> bytes:
+    import torch
+
     tensor = tensor.detach().to("cpu").contiguous()
     if tensor.numel() == 0:
         return b""
@@ -92,6 +100,8 @@ def write_embedding_file(
     """Write one file atomically: `row_blocks` are the items' rows in order (each [rows_i, width], any dtype;
     cast to `dtype` here), read one at a time, so the whole embedding matrix is never in memory. `own_folder`:
     the file goes in a folder of the tool's own (parts: `Location.own_folder`)."""
+    import torch
+
     total_rows = sum(row_counts)
     element = torch.empty((), dtype=dtype).element_size()
     embedding_bytes = total_rows * width * element
@@ -99,7 +109,7 @@ def write_embedding_file(
     header = {
         "__metadata__": metadata,
         "embeddings": {
-            "dtype": SAFETENSORS_DTYPES[dtype],
+            "dtype": EMBEDDING_CODES[str(dtype).removeprefix("torch.")],
             "shape": [total_rows, width],
             "data_offsets": [0, embedding_bytes],
         },
@@ -128,16 +138,17 @@ def write_embedding_file(
     return path
 
 
-def _safe_open(file: Location) -> Any:
+def _safe_open(file: Location, framework: str = "pt") -> Any:
     """safetensors' reader on a regular file (a FIFO would block the open; a folder gives "No such device"),
     with its own error type (a file that is not safetensors at all, such as a pickle) as a `DamagedFile`. It
-    memory-maps the file by a name that is the checked file's own (`Location.input_by_name`)."""
+    memory-maps the file by a name that is the checked file's own (`Location.input_by_name`). `framework="numpy"`:
+    tensors come as numpy arrays, and torch is not imported."""
     from safetensors import SafetensorError, safe_open
 
     require_regular_file(file)
     try:
         with file.input_by_name() as (_, name):
-            return safe_open(name, framework="pt")
+            return safe_open(name, framework=framework)
     except (SafetensorError, NotRegularFile) as exc:  # NotRegularFile: swapped in after the check above
         raise DamagedFile(file, str(exc), FORMAT_FILE if looks_ours(file) else NOT_AN_OUTPUT) from None
 
@@ -158,7 +169,7 @@ def _metadata(file: Location, handle: Any) -> dict[str, str]:
 def read_header(file: str | os.PathLike | Location) -> dict:
     """A gemma-embed/1 file's string metadata, without reading any tensor."""
     file = location(file)
-    with _safe_open(file) as fh:
+    with _safe_open(file, "numpy") as fh:
         return _metadata(file, fh)
 
 
@@ -194,10 +205,10 @@ def listing(file: Location, meta: dict) -> tuple[list[str], list[dict]]:
     return keys, items
 
 
-def checked_offsets(
-    file: Location, handle: Any, count: int | None = None, rows: list[int] | None = None
-) -> torch.Tensor:
-    """The `offsets` tensor, checked against the embeddings' rows and, when given, the item count and rows."""
+def checked_offsets(file: Location, handle: Any, count: int | None = None, rows: list[int] | None = None) -> Any:
+    """The `offsets` tensor (a torch tensor, or a numpy array from a numpy handle), checked against the
+    embeddings' rows and, when given, the item count and rows."""
+    import numpy as np
     from safetensors import SafetensorError
 
     try:
@@ -205,28 +216,35 @@ def checked_offsets(
         shape = handle.get_slice("embeddings").get_shape()
     except SafetensorError as exc:
         raise DamagedFile(file, str(exc)) from None
-    if offsets.dtype != torch.int64 or offsets.dim() != 1 or len(offsets) == 0 or len(shape) != 2:
-        raise DamagedFile(file, f"offsets of shape {tuple(offsets.shape)}, embeddings of shape {tuple(shape)}")
-    if count is not None and len(offsets) != count + 1:
-        raise DamagedFile(file, f"{len(offsets)} offsets for {count} items")
-    if int(offsets[0]) != 0 or int(offsets[-1]) != shape[0] or bool((offsets.diff() < 0).any()):
+    values = np.asarray(offsets)
+    if values.dtype != np.int64 or values.ndim != 1 or len(values) == 0 or len(shape) != 2:
+        raise DamagedFile(file, f"offsets of shape {tuple(values.shape)}, embeddings of shape {tuple(shape)}")
+    if count is not None and len(values) != count + 1:
+        raise DamagedFile(file, f"{len(values)} offsets for {count} items")
+    if int(values[0]) != 0 or int(values[-1]) != shape[0] or bool((np.diff(values) < 0).any()):
         raise DamagedFile(file, f"offsets do not cover the {shape[0]} embedding rows")
-    if rows is not None and offsets.diff().tolist() != rows:
+    if rows is not None and np.diff(values).tolist() != rows:
         raise DamagedFile(file, "offsets do not match the items' row counts")
     return offsets
 
 
 class FileRows:
     """Rows of one item at a time from an open file (memory-mapped slices, nothing else is read); its keys,
-    items and offsets are checked on opening."""
+    items and offsets are checked on opening. `framework="numpy"`: rows as numpy arrays, torch never imported
+    (for readers of the listing alone)."""
 
-    def __init__(self, file: str | os.PathLike | Location, stack: contextlib.ExitStack) -> None:
+    def __init__(self, file: str | os.PathLike | Location, stack: contextlib.ExitStack, framework: str = "pt") -> None:
         self.file = location(file)
-        self.handle = stack.enter_context(_safe_open(self.file))
+        self.handle = stack.enter_context(_safe_open(self.file, framework))
         self.metadata = _metadata(self.file, self.handle)
         self.keys, self.items = listing(self.file, self.metadata)
         rows = [item["rows"] for item in self.items]
         self._offsets: list[int] = checked_offsets(self.file, self.handle, len(self.keys), rows).tolist()
+
+    @property
+    def width(self) -> int:
+        """The embeddings' width (columns), from the file's header."""
+        return int(self.handle.get_slice("embeddings").get_shape()[1])
 
     def rows(self, position: int) -> torch.Tensor:
         return self.handle.get_slice("embeddings")[self._offsets[position] : self._offsets[position + 1]]
