@@ -174,6 +174,7 @@ class Collection:
     # Path cells may name files outside their table's folder (absolute paths, `..`, links leading out).
     allow_outside_paths: bool = False
     column_holds_text: bool = False  # the column's cells are the items' texts, not media or paths
+    column_holds_urls: bool = False  # the column's cells are http(s) URLs of the items (--url-column)
 
     def with_item_limit(self) -> Collection:
         """This collection with `max_item_bytes` decided (the default measured now, once per run)."""
@@ -489,6 +490,40 @@ class RunConfig:
         panel=ROBUSTNESS,
         stage=FIND,
     )
+    url_column: str | None = option(
+        None,
+        "Table column of http(s) URLs to fetch.",
+        commands=MEDIA + PLAN,
+        metavar="NAME",
+        stage=FIND,
+    )
+    url_timeout: float = option(
+        30.0,
+        "Seconds a URL may take to answer or to send more.",
+        commands=MEDIA + PLAN,
+        panel=ROBUSTNESS,
+        check=positive,
+        metavar="S",
+        stage=RUN,
+    )
+    url_retries: int = option(
+        2,
+        "Retries of a URL that timed out or got 429/5xx.",
+        commands=MEDIA + PLAN,
+        panel=ROBUSTNESS,
+        check=at_least(0),
+        metavar="N",
+        stage=RUN,
+    )
+    per_host: int = option(
+        16,
+        "Fetches at once from one host or bucket.",
+        commands=MEDIA + PLAN,
+        panel=PERFORMANCE,
+        check=at_least(1),
+        metavar="N",
+        stage=RUN,
+    )
     # Model -----------------------------------------------------------------------------------------------
     # None: the command's default (DEFAULT_MODELS; `plan` takes its --modality's, `search` the index's).
     model: str | None = option(
@@ -750,7 +785,7 @@ class RunConfig:
     def collection(self) -> Collection:
         """How parquet rows and a --dataset's rows become items (`sources.Collection`)."""
         return Collection(
-            self.column,
+            self.url_column or self.column,
             self.key_column,
             self.keep_columns,
             self.dataset,
@@ -759,6 +794,7 @@ class RunConfig:
             memory_budget=self.memory_budget,
             allow_outside_paths=self.allow_outside_paths,
             column_holds_text=self.modality == Modality.text,
+            column_holds_urls=self.url_column is not None,
         )
 
     def check(self) -> None:

@@ -26,6 +26,7 @@ from gemma_embed.progress import Reporter
 from gemma_embed.result import RunResult
 from gemma_embed.runners import LocalRunner, Runner, SliceRunner
 from gemma_embed.sources import Source, check_given_paths, count_sources, iter_sources, require_input, skipped_note
+from gemma_embed.sources.fetch import FetchPolicy
 from gemma_embed.sources.text import iter_text_sources
 from gemma_embed.writers import SafetensorsWriter, Writer, WriterFactory
 
@@ -210,7 +211,8 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pr
     lengths: list[list[int]] = [[] for _ in command.engines]
     failures = []
     with capture.Capture(reporter) if own_process else contextlib.nullcontext():
-        for window in prepared_stream(stages, sources, config.workers, host_budget=command.host.decode):
+        fetch = FetchPolicy.of(config)
+        for window in prepared_stream(stages, sources, config.workers, host_budget=command.host.decode, fetch=fetch):
             for p in window:
                 if p.error:
                     failures.append(p.error.as_record())
@@ -256,6 +258,8 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pr
 def _require_input(config: RunConfig, stdin, skipped: Counter, plan: bool = False) -> Iterator[Source]:
     """The run's sources, lazily; UsageError before anything loads for a path given that does not exist, or an
     input with nothing to embed at all."""
+    if config.url_column is not None and config.column is not None:
+        raise UsageError("--url-column names the column of URLs: leave out --column")
     check_given_paths(config.inputs)
     return require_input(
         _find(config, stdin, skipped), config.inputs, config.modality, config.ext, skipped, config.dataset, plan

@@ -44,6 +44,7 @@ from gemma_embed.locations import Location, location
 from gemma_embed.models.base import PreparedItem
 from gemma_embed.runners import Planned, RunInfo, planned
 from gemma_embed.sources.base import Source
+from gemma_embed.sources.fetch import FetchPolicy
 
 EXTRA = "pip install 'gemma-embed[ray]'"
 # Items per decode task: small, so decoding spreads over the cluster's CPUs and the first items leave early.
@@ -92,9 +93,10 @@ def decode_batch(
     import numpy as np
 
     stages = _decode_stages(config)
+    fetch = FetchPolicy.of(config)  # the worker reads remote items itself: the driver sent their locations
     keys, positions, prepared = [], [], []
     for source in _sources(batch, config.modality, column, key_column):
-        p = decode_and_prepare(stages, source, lookup)
+        p = decode_and_prepare(stages, source, lookup, fetch)
         p.source = dataclasses.replace(source, data=None, value=None)  # its bytes stay here
         _compact(p)
         keys.append(_safe_key(source.key))

@@ -26,7 +26,7 @@ import stat
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from gemma_embed.locations.base import NotRegularFile
+from gemma_embed.locations.base import NotRegularFile, TooLarge
 
 HASH_BLOCK = 1 << 20
 
@@ -49,6 +49,7 @@ class LocalFiles:
     """The local filesystem (POSIX), on paths as given: relative paths stay relative to the working folder."""
 
     protocol = "file"
+    writable = True
 
     # ------------------------------------------------------------------------------------------ fsspec's
     def info(self, path: str) -> dict[str, Any]:
@@ -122,6 +123,13 @@ class LocalFiles:
 
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
         os.makedirs(path, exist_ok=exist_ok)
+
+    def glob(self, pattern: str) -> list[str]:
+        """The paths `pattern` matches (`**` across folders), sorted, spelled as the pattern is (relative stays
+        relative)."""
+        import glob
+
+        return sorted(glob.glob(pattern, recursive=True))
 
     # ------------------------------------------------------------------------------------------ the tool's
     def regular_file(self, path: str, what: str = "a media file") -> os.stat_result:
@@ -209,6 +217,14 @@ class LocalFiles:
                     os.unlink(tmp, dir_fd=folder_fd)
                 raise
 
+    def fetch(self, path: str, limit: int | None, timeout: float | None = None) -> bytes:
+        """The file's bytes, read whole; `TooLarge` from its size alone (unread) when over `limit`."""
+        st = self.regular_file(path)
+        if limit is not None and st.st_size > limit:
+            raise TooLarge(st.st_size, limit)
+        with self.open_input(path) as fh:
+            return fh.read()
+
     def open_lock(self, path: str) -> int:
         """The output lock's file, opened (created when missing: mode 0666 less the umask) for reading and
         writing, never through a symbolic link; a descriptor for fcntl.flock (store/lock.py)."""
@@ -221,6 +237,14 @@ class LocalFiles:
         except FileNotFoundError:
             return False
         return (on_disk.st_dev, on_disk.st_ino) == (ours.st_dev, ours.st_ino)
+
+    def drop_lock(self, path: str) -> None:
+        """Remove the lock's file (its holder, on release: see store/lock.py on why that is safe)."""
+        os.unlink(path)
+
+    def holds_files(self, folder: str) -> bool:
+        """Whether new files can go in `folder`: it is a folder that exists."""
+        return os.path.isdir(folder or ".")
 
     def probe_folder(self, folder: str, name: str) -> None:
         """OSError unless `folder` takes a new file: an empty one named after `name` is created and removed."""

@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 from gemma_embed.locations import Location, location
 from gemma_embed.sources import table, tar
 from gemma_embed.sources.base import MEDIA_MODALITIES, Collection, Source
-from gemma_embed.sources.files import Found, expand_braces, is_brace_pattern
+from gemma_embed.sources.files import Found, expand_patterns
 
 
 def _given_files(inputs: Iterable[str]) -> Iterator[Location]:
-    """The files named on the command line (not found by a walk or on stdin), brace patterns expanded."""
+    """The files named on the command line (not found by a walk or on stdin), brace and glob patterns expanded."""
     for given in inputs:
         if given == "-":
             continue
-        for name in expand_braces(given) if is_brace_pattern(given) else (given,):
+        for name in expand_patterns(given):
             path = location(name)
             if path.isfile():
                 yield path

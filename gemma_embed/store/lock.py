@@ -22,7 +22,9 @@ second run fails at once, naming that PID.
 - flock is advisory (programs that do not take it are not stopped) and, on some network filesystems, local to
   one machine.
 - The lock file is opened by the seam (`Location.open_lock`: created when missing, never through a symbolic
-  link); this module keeps the protocol on its descriptor (flock, the holder's PID, the removal check).
+  link); this module keeps the protocol on its descriptor (flock, the holder's PID, the removal check). An output
+  on object storage has its lock's file on this machine (locations/remote.py): runs on one machine are kept
+  apart as for a local output, runs on two machines into one bucket are not.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ def _busy(output: Location, pid: int | None, role: str, hint: str) -> OutputBusy
 def _release(path: Location, fd: int) -> None:
     try:
         if path.names(fd):  # whether `path` still names the file open as `fd` (see the module note on removal)
-            path.rm_file()
+            path.drop_lock()
     except OSError:
         pass  # a lock file left behind is harmless: the next run takes it
     finally:
