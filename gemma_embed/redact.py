@@ -35,8 +35,11 @@ MASK = "***"
 # Shorter values are no secrets worth masking (and masking "1" would mangle every line).
 MIN_SECRET_CHARS = 8
 
-# scheme://[userinfo@]rest-of-URL up to whitespace or a quote; the userinfo and everything from ? or # go.
-_URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+://)(?P<user>[^/\s'\"@?#]*@)?(?P<rest>[^\s'\"<>]*)")
+# scheme://[userinfo@]rest-of-URL up to whitespace or a quote, less the punctuation a sentence puts after it (`URL:`);
+# the userinfo and everything from ? or # go.
+_URL = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+://)(?P<user>[^/\s'\"@?#]*@)?(?P<rest>(?:[^\s'\"<>]*[^\s'\"<>:;,.)\]])?)"
+)
 
 
 def _url(match: re.Match) -> str:

@@ -137,9 +137,9 @@ class MediaServer:
     - `/cut/NAME`: the file's headers with its whole Content-Length, then half its bytes, then the connection
       closes (a truncated body);
     - `/flaky/N/NAME`: 503 for the first N requests of that path, then the file;
-    - `/gate/NAME`: the file, once `gate_width` requests are in flight together (or after GATE_WAIT_S): how the
-      per-host limit is seen from the server.
-    Every request's query string is ignored (signed URLs). `peak` is the most requests ever in flight at once."""
+    - `/gate/NAME`: the file, once `gate_width` of these requests are in flight together (or after GATE_WAIT_S):
+      how the per-host limit is seen from the server; `peak` is the most of them ever in flight at once.
+    Every request's query string is ignored (signed URLs)."""
 
     GATE_WAIT_S = 10.0
 
@@ -161,17 +161,20 @@ class MediaServer:
 
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
+                gated = path.startswith("/gate/")
                 with media.changed:
                     media.asked[path] = media.asked.get(path, 0) + 1
-                    media.in_flight += 1
-                    media.peak = max(media.peak, media.in_flight)
-                    media.changed.notify_all()
+                    if gated:
+                        media.in_flight += 1
+                        media.peak = max(media.peak, media.in_flight)
+                        media.changed.notify_all()
                 try:
                     self._answer(path)
                 finally:
-                    with media.changed:
-                        media.in_flight -= 1
-                        media.changed.notify_all()
+                    if gated:
+                        with media.changed:
+                            media.in_flight -= 1
+                            media.changed.notify_all()
 
             def _answer(self, path: str) -> None:
                 parts = path.strip("/").split("/")

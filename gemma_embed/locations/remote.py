@@ -309,7 +309,7 @@ class RemoteFiles:
         if self.protocol in HTTP:
             from fsspec.asyn import sync  # type: ignore[import-untyped]
 
-            return bytes(sync(self.fs.loop, self._http_fetch(self._p(path), limit, timeout)))
+            return bytes(sync(self.fs.loop, self._http_fetch, self._p(path), limit, timeout))
         try:
             found = self.regular_file(path)
         except FileNotFoundError:

@@ -1,7 +1,8 @@
 """Inputs in object storage: moto's S3 server on 127.0.0.1 (a real S3 HTTP API), reached by s3fs through
-AWS_ENDPOINT_URL. The same images as a local folder, as loose objects under a prefix (walked as a folder), as tar
-shards in the bucket (brace and glob patterns), as a parquet table of their bytes and as a JSON-lines table of their
-paths give the same rows bit for bit, in input order; shards are streamed and tables read by ranges, as the bytes
+AWS_ENDPOINT_URL, and URLs on Python's http.server. The same images as a local folder, as loose objects under a
+prefix (walked as a folder), as tar shards in the bucket (brace and glob patterns), as a parquet table of their
+bytes, as a JSON-lines table of their paths and as a parquet column of their (signed) http URLs give the same rows
+bit for bit, in input order; shards are streamed and tables read by ranges, as the bytes
 that crossed a counting proxy in front of the server show."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 import torch
 from collection_helpers import IMAGES, MODEL, OPTIONS, caption, image_files, write_shard
 from helpers import run_images
-from remote_helpers import CountingProxy, s3_server, s3fs_client
+from remote_helpers import SIGNATURE, CountingProxy, MediaServer, s3_server, s3fs_client
 
 import gemma_embed
 from gemma_embed.sources import Collection, iter_sources
@@ -31,7 +32,7 @@ def bucket(tmp_path_factory):
     root = tmp_path_factory.mktemp("s3")
     folder = root / "images"
     images = image_files(folder)
-    with pytest.MonkeyPatch.context() as patch, s3_server(patch) as endpoint:
+    with pytest.MonkeyPatch.context() as patch, s3_server(patch) as endpoint, MediaServer(folder) as web:
         fs = s3fs_client()
         fs.mkdir(BUCKET)
         for name in NAMES:
@@ -47,10 +48,14 @@ def bucket(tmp_path_factory):
         fs.pipe_file(f"{BUCKET}/tables/images.parquet", buffer.getvalue())
         lines = "".join(json.dumps({"file": name}) + "\n" for name in NAMES)
         fs.pipe_file(f"{BUCKET}/photos/list.jsonl", lines.encode())
+        # LAION-style: a table of signed URLs of the same images (the server ignores the query)
+        urls = [web.url(f"{name}?X-Amz-Signature={SIGNATURE}&X-Amz-Expires=600") for name in NAMES]
+        pq.write_table(pa.table({"url": urls, "caption": [caption(n) for n in NAMES]}), root / "urls.parquet")
         reference = root / "folder.safetensors"
         code, _, err = run_images([folder], MODEL, reference, **OPTIONS)
         assert code == 0, err
-        yield {"root": root, "folder": folder, "reference": reference, "endpoint": endpoint, "patch": patch}
+        port = web.server.server_address[1]
+        yield {"root": root, "folder": folder, "reference": reference, "endpoint": endpoint, "port": port}
 
 
 def rows_in_order(output) -> list[torch.Tensor]:
@@ -65,11 +70,13 @@ def rows_in_order(output) -> list[torch.Tensor]:
         ([f"s3://{BUCKET}/shards/*.tar"], {}),
         ([f"s3://{BUCKET}/tables/images.parquet"], {"column": "image", "key_column": "id"}),
         ([f"s3://{BUCKET}/photos/list.jsonl"], {"column": "file"}),
+        (["ROOT/urls.parquet"], {"url_column": "url", "keep_columns": ("caption",)}),
     ],
-    ids=["prefix", "brace-shards", "glob-shards", "parquet-bytes", "jsonl-paths"],
+    ids=["prefix", "brace-shards", "glob-shards", "parquet-bytes", "jsonl-paths", "url-column"],
 )
-def test_the_bucket_gives_the_local_folders_rows_bit_for_bit_in_input_order(bucket, inputs, options):
+def test_the_bucket_and_urls_give_the_local_folders_rows_bit_for_bit_in_input_order(bucket, inputs, options):
     out = bucket["root"] / "out.safetensors"
+    inputs = [i.replace("ROOT", str(bucket["root"])) for i in inputs]
     code, records, err = run_images(inputs, MODEL, out, **OPTIONS, **options)
     assert code == 0, err
     reference = rows_in_order(bucket["reference"])
@@ -78,7 +85,10 @@ def test_the_bucket_gives_the_local_folders_rows_bit_for_bit_in_input_order(buck
     theirs = {key: item for key, _, item in gemma_embed.iter_items(bucket["reference"])}
     for name, (_, _, item) in zip(NAMES, gemma_embed.iter_items(out), strict=True):
         assert item["sha256"] == theirs[name]["sha256"]  # the content hash of the same bytes, wherever they were
-        assert item["path"].startswith(f"s3://{BUCKET}/")
+        if "url_column" in options:  # recorded without the signed query string
+            assert item["path"] == f"http://127.0.0.1:{bucket['port']}/{name}"
+        else:
+            assert item["path"].startswith(f"s3://{BUCKET}/")
     if inputs[0].endswith("photos/"):
         assert list(gemma_embed.load(out)) == NAMES  # keyed relative to the prefix, as a folder's files are
     if "shards" in inputs[0]:
