@@ -191,15 +191,18 @@ class RemoteFiles:
 
     # ------------------------------------------------------------------------------------------ fsspec's
     def info(self, path: str) -> dict[str, Any]:
-        """fsspec's info, with `mtime` (seconds, or None) under the one name the seam uses."""
+        """fsspec's info, with `mtime` (seconds, or None) and `mtime_ns` under the names the seam uses (S3 keeps
+        whole seconds: a rewrite of the same size within one second keeps its mtime_ns)."""
         with self._speaking(path):
             found = dict(self.fs.info(self._p(path)))
         kind = found.get("type")
+        mtime = _mtime(found)
         found.update(
             name=path,
             size=int(found.get("size") or 0),
             type=kind if kind in ("file", "directory") else "other",
-            mtime=_mtime(found),
+            mtime=mtime,
+            mtime_ns=int(mtime * 1e9) if mtime is not None else 0,
             islink=False,
         )
         return found
