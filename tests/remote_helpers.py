@@ -147,6 +147,7 @@ class MediaServer:
         self.folder = folder
         self.gate_width = gate_width
         self.asked: dict[str, int] = {}
+        self.requests: list[str] = []  # every request's path as sent, query string included
         self.in_flight = 0
         self.peak = 0
         self.closing = threading.Event()
@@ -163,6 +164,7 @@ class MediaServer:
                 path = self.path.split("?", 1)[0]
                 gated = path.startswith("/gate/")
                 with media.changed:
+                    media.requests.append(self.path)
                     media.asked[path] = media.asked.get(path, 0) + 1
                     if gated:
                         media.in_flight += 1
