@@ -175,6 +175,8 @@ class Collection:
     allow_outside_paths: bool = False
     column_holds_text: bool = False  # the column's cells are the items' texts, not media or paths
     column_holds_urls: bool = False  # the column's cells are http(s) URLs of the items (--url-column)
+    # Tar members are given as byte ranges of their shard, read by whoever decodes them (a Ray worker), not here.
+    member_spans: bool = False
 
     def with_item_limit(self) -> Collection:
         """This collection with `max_item_bytes` decided (the default measured now, once per run)."""

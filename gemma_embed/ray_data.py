@@ -403,10 +403,14 @@ class ClusterError(DeviceError):
 
 class RayRunner:
     """`--ray`: a `runners.Runner` whose decode and encode run on a Ray cluster. The driver (this process) finds the
-    sources and sends them, a block at a time, to the object store; each finished item comes back here, to the
-    pipeline's sink, as if it had run here. Connecting and asking what the actors compute happen in `load`."""
+    sources and sends them, a block at a time, to the object store: locations, never bytes (whole files by their
+    location, tar members by their byte range in the shard; only table cells of bytes travel as bytes), which the
+    decode tasks read themselves (`decode_and_prepare` with the run's fetch policy). Each finished item comes back
+    here, to the pipeline's sink, as if it had run here. Connecting and asking what the actors compute happen in
+    `load`."""
 
     embed_class: type = Embed  # the encode actors' class
+    reads_items_itself = True  # the decode tasks open each item's location (or shard range) on their own machine
 
     def __init__(self, config: RunConfig, reporter=None, should_stop=None):
         self.ray = require_ray()

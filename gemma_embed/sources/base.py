@@ -36,6 +36,9 @@ class Source:
     failed_at: str = "find"  # the stage the error belongs to: find, or fetch (sources/fetch.py)
     position: int = 0  # place in the whole input: orders the output and assigns distributed slices
     data: bytes | None = None  # the item's own bytes, when it is not a whole file
+    # (start, end, name): the item is bytes [start, end) of the file at `path`, not read yet (a tar member for a
+    # Ray worker, which reads it itself: sources/fetch.py); `name` is what its bytes are called (a member's)
+    span: tuple[int, int, str] | None = None
     meta: dict = field(default_factory=dict, compare=False, hash=False)
     # An in-memory value from a Python caller (a PIL image, audio samples with their rate): decoded as it is.
     value: Any = field(default=None, compare=False, hash=False)

@@ -87,7 +87,15 @@ class Collections:
         if found.error is not None or not self.is_collection(path):
             yield Source(found.key, str(path), error=found.error)
         elif self.media and tar.is_shard(path):
-            yield from tar.members(path, found.key, self.wanted, self.skipped, self.read, collection.max_item_bytes)
+            yield from tar.members(
+                path,
+                found.key,
+                self.wanted,
+                self.skipped,
+                self.read,
+                collection.max_item_bytes,
+                spans=collection.member_spans,
+            )
         elif not self.read:
             count = table.json_lines_row_count(path) if table.is_json_lines(path) else None
             if count is None:
