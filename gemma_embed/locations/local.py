@@ -26,9 +26,7 @@ import stat
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from gemma_embed.locations.base import NotRegularFile, TooLarge
-
-HASH_BLOCK = 1 << 20
+from gemma_embed.locations.base import NotRegularFile, TooLarge, content_facts
 
 # What a file that is not a regular one is, by its stat mode, for messages.
 _KINDS = (
@@ -167,16 +165,10 @@ class LocalFiles:
         return fh
 
     def facts(self, path: str) -> dict[str, Any]:
-        """Size, modification time and SHA-256 of the content: how `--resume` tells a changed file. The content is
-        read once, a block at a time."""
-        import hashlib  # here: loading OpenSSL (16 ms on the busy 2-core machine) is for the runs that hash
-
+        """Size, modification time and SHA-256 of the content: how `--resume` tells a changed file."""
         st = self.regular_file(path)
-        digest = hashlib.sha256()
         with self.open_input(path) as fh:
-            while block := fh.read(HASH_BLOCK):
-                digest.update(block)
-        return {"bytes": st.st_size, "mtime": st.st_mtime, "sha256": digest.hexdigest()}
+            return content_facts(st, fh)
 
     @contextlib.contextmanager
     def atomic_write(self, path: str) -> Iterator[BinaryIO]:

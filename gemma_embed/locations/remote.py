@@ -45,10 +45,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from gemma_embed.locations.base import FetchFailed, TooLarge
+from gemma_embed.locations.base import FetchFailed, TooLarge, content_facts
 
 READ_BLOCK = 4 << 20  # the read-ahead of a streamed remote file: a few members of a shard per request
-HASH_BLOCK = 1 << 20
 HTTP_CHUNK = 1 << 16
 # HTTP statuses worth another try: the server is busy or failed for now (RFC 9110's 408, 429, 5xx).
 TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -153,7 +152,8 @@ def _said(exc: BaseException, url: str) -> OSError | None:
     detail = " ".join(str(exc).split())[:300] or name
     if "Credential" in name or "NoAuth" in name or "Unauthenticated" in name:
         return PermissionError(13, f"no credentials for the store ({detail})", url)
-    if "Connect" in name or "Timeout" in name or isinstance(exc, (ConnectionError, asyncio.TimeoutError)):
+    unreachable = isinstance(exc, (ConnectionError, TimeoutError, asyncio.TimeoutError))
+    if unreachable or any(word in name for word in ("Connect", "Timeout", "Offline")):
         return ConnectionError(111, f"cannot reach the store ({detail})", url)
     return OSError(5, f"the store failed: {name}: {detail}", url)
 
@@ -208,8 +208,13 @@ class RemoteFiles:
         return found
 
     def exists(self, path: str) -> bool:
-        with self._speaking(path):
-            return bool(self.fs.exists(self._p(path)))
+        """Whether there is an object (or a prefix) here: `info` answers, a missing one is False, and any other
+        trouble (no network, no credentials) is said, not taken for absence as fsspec's `exists` takes it."""
+        try:
+            self.info(path)
+        except FileNotFoundError:
+            return False
+        return True
 
     def lexists(self, path: str) -> bool:
         return self.exists(path)
@@ -299,11 +304,8 @@ class RemoteFiles:
     def facts(self, path: str) -> dict[str, Any]:
         """Size, modification time and SHA-256 of the content (read once, streamed), as for a local file."""
         found = self.regular_file(path)
-        digest = hashlib.sha256()
         with self.open_input(path) as fh:
-            while block := fh.read(HASH_BLOCK):
-                digest.update(block)
-        return {"bytes": found.st_size, "mtime": found.st_mtime, "sha256": digest.hexdigest()}
+            return content_facts(found, fh)
 
     def fetch(self, path: str, limit: int | None, timeout: float | None) -> bytes:
         """One item's bytes, whole. Over `limit` by its declared size: `TooLarge`, unread. A URL is one GET with

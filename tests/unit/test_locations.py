@@ -336,3 +336,39 @@ def test_an_output_on_a_read_only_protocol_is_refused_in_one_line(tmp_path):
             check_output_folder(output)
         protocol = output.split(":")[0]
         assert str(refused.value) == f"{output}: {protocol}:// locations are read-only here: write the output elsewhere"
+
+
+# ------------------------------------------------------------------------------------------ a store out of reach
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again: a connection there is refused at once
+
+
+def test_a_store_out_of_reach_or_without_credentials_is_one_line_naming_the_location(monkeypatch, tmp_path):
+    pytest.importorskip("s3fs")
+    from gemma_embed.errors import kind_of, one_line
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "example-secret-of-the-test")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    with pytest.raises(ConnectionError) as refused:
+        location("s3://bucket/photos").exists()
+    line = one_line(refused.value)
+    assert line.startswith("s3://bucket/photos: cannot reach the store (Could not connect to the endpoint URL")
+    assert "\n" not in line and kind_of(refused.value).code == 1
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(PermissionError) as refused:
+        location("s3://bucket/photos").isdir()
+    assert one_line(refused.value) == "s3://bucket/photos: no credentials for the store (Unable to locate credentials)"
+    assert kind_of(refused.value).code == 2
