@@ -65,7 +65,9 @@ class ItemMessages:
         self._lock = threading.Lock()
 
     def add(self, text: str) -> None:
-        text = " ".join(text.split())
+        from gemma_embed.redact import redact  # an item's warnings are written into the output: no secret in them
+
+        text = " ".join(redact(text).split())
         if not text:
             return
         with self._lock:

@@ -195,6 +195,9 @@ class Collection:
     # longer one there or pass it over (`long_text`); sources/bounded.py reads them so.
     max_text_bytes: int = TEXT_BYTES_DEFAULT
     long_text: str = "cut"
+    column_holds_urls: bool = False  # the column's cells are http(s) URLs of the items (--url-column)
+    # Tar members are given as byte ranges of their shard, read by whoever decodes them (a Ray worker), not here.
+    member_spans: bool = False
 
     def with_item_limit(self) -> Collection:
         """This collection with `max_item_bytes` decided (the default measured now, once per run)."""
@@ -535,6 +538,40 @@ class RunConfig:
         panel=ROBUSTNESS,
         stage=FIND,
     )
+    url_column: str | None = option(
+        None,
+        "Table column of http(s) URLs to fetch.",
+        commands=MEDIA + PLAN,
+        metavar="NAME",
+        stage=FIND,
+    )
+    url_timeout: float = option(
+        30.0,
+        "Seconds a URL may take to answer or to send more.",
+        commands=MEDIA + PLAN,
+        panel=ROBUSTNESS,
+        check=positive,
+        metavar="S",
+        stage=RUN,
+    )
+    url_retries: int = option(
+        2,
+        "Retries of a URL that timed out or got 429/5xx.",
+        commands=MEDIA + PLAN,
+        panel=ROBUSTNESS,
+        check=at_least(0),
+        metavar="N",
+        stage=RUN,
+    )
+    per_host: int = option(
+        16,
+        "Fetches at once from one host or bucket.",
+        commands=MEDIA + PLAN,
+        panel=PERFORMANCE,
+        check=at_least(1),
+        metavar="N",
+        stage=RUN,
+    )
     # Model -----------------------------------------------------------------------------------------------
     # None: the command's default (DEFAULT_MODELS; `plan` takes its --modality's, `search` the index's).
     model: str | None = option(
@@ -796,7 +833,7 @@ class RunConfig:
     def collection(self) -> Collection:
         """How parquet rows and a --dataset's rows become items (`sources.Collection`)."""
         return Collection(
-            self.column,
+            self.url_column or self.column,
             self.key_column,
             self.keep_columns,
             self.dataset,
@@ -807,6 +844,7 @@ class RunConfig:
             column_holds_text=self.modality == Modality.text,
             max_text_bytes=self.max_text_bytes,
             long_text=self.long_text.value,
+            column_holds_urls=self.url_column is not None,
         )
 
     def check(self) -> None:

@@ -13,6 +13,7 @@ from gemma_embed.errors import ItemError
 from gemma_embed.models.base import PreparedItem
 from gemma_embed.sources import Source
 from gemma_embed.sources.base import row_place
+from gemma_embed.sources.fetch import FetchPolicy, fetch_ahead, fetched, needs_fetch
 
 WINDOW_ITEMS = 256
 WINDOW_BYTES = 1 << 30  # prepared tensors held per window (pixels of 1120-token images are ~31 MB each)
@@ -36,9 +37,14 @@ class Prepared:
         return sum(u.length for u in self.item.units) if self.item is not None else 0
 
 
-def decode_and_prepare(modality, source: Source, lookup: Lookup | None = None) -> Prepared:
+def decode_and_prepare(
+    modality, source: Source, lookup: Lookup | None = None, fetch: FetchPolicy | None = None
+) -> Prepared:
     """One source through `modality.decode` and its preparer; any failure becomes the item's error record.
-    What libraries say meanwhile (warnings, logging, fd 2) is captured for this item (capture.py)."""
+    What libraries say meanwhile (warnings, logging, fd 2) is captured for this item (capture.py). With `fetch`, a
+    remote whole file not fetched yet (a Ray worker's item) is fetched first, here (sources/fetch.py)."""
+    if fetch is not None and needs_fetch(source):
+        source = fetched(source, fetch)
     with capture.item(source.key) as messages:
         prepared = _decode_and_prepare(modality, source, lookup)
     prepared.warnings = messages.texts()
@@ -49,7 +55,8 @@ def decode_and_prepare(modality, source: Source, lookup: Lookup | None = None) -
 
 def _decode_and_prepare(modality, source: Source, lookup: Lookup | None) -> Prepared:
     if source.error:
-        error = ItemError(source.key, "find", source.error, source.kind or "unreadable")
+        kind = source.kind or ("unreadable" if source.failed_at == "find" else "fetch")
+        error = ItemError(source.key, source.failed_at, source.error, kind)
         error.count = source.meta.get("lines", 1)  # a run of blank lines: passed over as that many
         return Prepared(source, error=error)
     stage = "decode"
@@ -112,6 +119,7 @@ def prepared_stream(
     overlap: bool = True,
     enough_work: Callable[[int, int], bool] | None = None,
     host_budget: int | None = None,
+    fetch: FetchPolicy | None = None,
 ) -> Iterator[list[Prepared]]:
     """Windows of prepared items, in input order, each at most `window_items` items or `window_bytes` of
     prepared tensors, and closed early once `enough_work(units, work)` says the window's units and their
@@ -123,6 +131,9 @@ def prepared_stream(
     item waits for room that only this window holds, the window is handed on early; an item larger than the whole
     budget decodes alone. A window is done with when its consumer asks for the next one.
 
+    With `fetch`, remote whole files are fetched ahead by the fetch stage (sources/fetch.py), in its own threads,
+    whether or not decoding overlaps the encode: waiting on the network takes no core from the encode.
+
     Sources are pulled lazily. With `overlap`, worker threads keep decoding ahead while the caller encodes a
     window (the device works while the CPU decodes); how far ahead adapts to the items' size so that the work in
     flight also stays near one window's bytes. Without it (encoding on the CPU itself), the workers decode only
@@ -133,6 +144,8 @@ def prepared_stream(
     import torch
 
     threads = torch.get_num_threads()  # the caller's (the encoder's) own count, fixed for it from now on
+    if fetch is not None:
+        sources = fetch_ahead(sources, fetch)
     try:
         yield from _windows(
             modality, sources, workers, window_items, window_bytes, lookup, overlap, enough_work, host_budget

@@ -25,6 +25,7 @@ from gemma_embed.errors import ItemError, UsageError
 from gemma_embed.locations import location
 from gemma_embed.modalities import ModalityStages
 from gemma_embed.sources.base import Source
+from gemma_embed.sources.fetch import FetchPolicy
 
 # Decode the next window while a CPU encodes this one? Off: on the CPU they compete for the same cores
 # (bench/README.md has the measurements); on an accelerator the overlap is always on.
@@ -268,6 +269,7 @@ class Embedder:
             overlap=self.device.type != "cpu" or OVERLAP_ON_CPU,
             enough_work=lambda units, work: pacer.enough_work(units, work, WINDOW_SECONDS),
             host_budget=command.host.decode,
+            fetch=FetchPolicy.of(self.config),
         )
         # Closed however the loop ends: a stop signal (or a failed device) raises here while the stream is
         # suspended mid-window, with decodes waiting for room that only its close releases. Left to the garbage

@@ -243,14 +243,16 @@ class ItemError(GemmaEmbedError):
     def __init__(
         self, key: str, stage: str, message: str, error_type: str | None = None, traceback_text: str | None = None
     ):
-        self.key = key
+        from gemma_embed.redact import redact  # no URL's query string or credential in any record (redact.py)
+
+        self.key = redact(key)
         self.stage = stage
         self.error_type = error_type or type(self).__name__
-        self.message = " ".join(str(message).split())  # always one line
-        self.traceback_text = traceback_text  # shown with --debug only
+        self.message = " ".join(redact(message).split())  # always one line
+        self.traceback_text = redact(traceback_text) if traceback_text is not None else None  # --debug only
         self.warnings: list[str] = []  # what libraries said while this item was decoded (capture.py)
         self.count = 1  # the inputs it stands for: a run of blank lines is one item passed over
-        super().__init__(f"{key}: {self.message}")
+        super().__init__(f"{self.key}: {self.message}")
 
     def __reduce__(self):
         """Pickled whole (a Ray run's decoded rows carry their failures to the encode actors and the driver)."""

@@ -12,6 +12,7 @@ input ran out, a signal stopped it or the device failed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from gemma_embed.result import RunResult
 from gemma_embed.runners import LocalRunner, Runner, SliceRunner
 from gemma_embed.sources import Source, check_given_paths, count_sources, iter_sources, require_input, skipped_note
 from gemma_embed.sources.base import row_place
+from gemma_embed.sources.fetch import FetchPolicy
 from gemma_embed.sources.text import iter_text_sources
 from gemma_embed.writers import SafetensorsWriter, Writer, WriterFactory
 
@@ -71,7 +73,7 @@ def _run(config: RunConfig, reporter: Reporter | None, stdin, own_process: bool,
         skipped: Counter = Counter()  # files the folder walk passes over, by extension
         waiting = "waiting for the first input"  # a list on stdin may take its time
         try:
-            found = _require_input(config, stdin, skipped)  # before loading a model
+            found = _require_input(config, stdin, skipped, spans=runner.reads_items_itself)  # before loading a model
             runner.begin()
             waiting = "loading the model"
             reporter.loading(config.model)
@@ -221,7 +223,8 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pr
     lengths: list[list[int]] = [[] for _ in command.engines]
     failures = []
     with capture.Capture(reporter) if own_process else contextlib.nullcontext():
-        for window in prepared_stream(stages, sources, config.workers, host_budget=command.host.decode):
+        fetch = FetchPolicy.of(config)
+        for window in prepared_stream(stages, sources, config.workers, host_budget=command.host.decode, fetch=fetch):
             for p in window:
                 if p.error:
                     if not p.error.skipped:  # a blank text is passed over, as the run would
@@ -265,20 +268,24 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pr
     return result
 
 
-def _require_input(config: RunConfig, stdin, skipped: Counter, plan: bool = False) -> Iterator[Source]:
+def _require_input(
+    config: RunConfig, stdin, skipped: Counter, plan: bool = False, spans: bool = False
+) -> Iterator[Source]:
     """The run's sources, lazily; UsageError before anything loads for a path given that does not exist, or an
-    input with nothing to embed at all."""
+    input with nothing to embed at all. `spans`: tar members as byte ranges of their shards, for a runner whose
+    workers read items themselves."""
+    if config.url_column is not None and config.column is not None:
+        raise UsageError("--url-column names the column of URLs: leave out --column")
     check_given_paths(config.inputs)
     return require_input(
-        _find(config, stdin, skipped), config.inputs, config.modality, config.ext, skipped, config.dataset, plan
+        _find(config, stdin, skipped, spans), config.inputs, config.modality, config.ext, skipped, config.dataset, plan
     )
 
 
-def _find(config: RunConfig, stdin=None, skipped: Counter | None = None) -> Iterator[Source]:
+def _find(config: RunConfig, stdin=None, skipped: Counter | None = None, spans: bool = False) -> Iterator[Source]:
     """The find stage: files, folders, stdin lists, tar shards, parquet and JSON-lines files and a --dataset; for
     text, the lines of files (or stdin), or whole files, and the rows of tables and of a --dataset."""
     if config.modality == "text":
         return iter_text_sources(config.inputs, stdin, config.per_file, config.ext, skipped, config.collection)
-    return iter_sources(
-        config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped, config.collection
-    )
+    collection = dataclasses.replace(config.collection, member_spans=True) if spans else config.collection
+    return iter_sources(config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped, collection)

@@ -18,6 +18,7 @@ from typing import IO
 
 from gemma_embed.errors import ItemError
 from gemma_embed.memory import human_bytes
+from gemma_embed.redact import redact
 from gemma_embed.result import RunResult
 from gemma_embed.terminal import printable
 
@@ -144,7 +145,7 @@ class Reporter:
         if not self.emit_json or self.stdout_closed:
             return
         try:
-            print(json.dumps(record, ensure_ascii=True), file=self.stdout, flush=True)
+            print(redact(json.dumps(record, ensure_ascii=True)), file=self.stdout, flush=True)
         except (OSError, ValueError):
             self.stdout_closed = True
             silence(self.stdout)

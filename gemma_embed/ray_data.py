@@ -44,6 +44,7 @@ from gemma_embed.locations import Location, location
 from gemma_embed.models.base import PreparedItem
 from gemma_embed.runners import Planned, RunInfo, planned
 from gemma_embed.sources.base import Source
+from gemma_embed.sources.fetch import FetchPolicy
 
 EXTRA = "pip install 'gemma-embed[ray]'"
 # Items per decode task: small, so decoding spreads over the cluster's CPUs and the first items leave early.
@@ -92,9 +93,10 @@ def decode_batch(
     import numpy as np
 
     stages = _decode_stages(config)
+    fetch = FetchPolicy.of(config)  # the worker reads remote items itself: the driver sent their locations
     keys, positions, prepared = [], [], []
     for source in _sources(batch, config.modality, column, key_column):
-        p = decode_and_prepare(stages, source, lookup)
+        p = decode_and_prepare(stages, source, lookup, fetch)
         p.source = dataclasses.replace(source, data=None, value=None)  # its bytes stay here
         _compact(p)
         keys.append(_safe_key(source.key))
@@ -401,10 +403,14 @@ class ClusterError(DeviceError):
 
 class RayRunner:
     """`--ray`: a `runners.Runner` whose decode and encode run on a Ray cluster. The driver (this process) finds the
-    sources and sends them, a block at a time, to the object store; each finished item comes back here, to the
-    pipeline's sink, as if it had run here. Connecting and asking what the actors compute happen in `load`."""
+    sources and sends them, a block at a time, to the object store: locations, never bytes (whole files by their
+    location, tar members by their byte range in the shard; only table cells of bytes travel as bytes), which the
+    decode tasks read themselves (`decode_and_prepare` with the run's fetch policy). Each finished item comes back
+    here, to the pipeline's sink, as if it had run here. Connecting and asking what the actors compute happen in
+    `load`."""
 
     embed_class: type = Embed  # the encode actors' class
+    reads_items_itself = True  # the decode tasks open each item's location (or shard range) on their own machine
 
     def __init__(self, config: RunConfig, reporter=None, should_stop=None):
         self.ray = require_ray()

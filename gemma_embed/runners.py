@@ -63,6 +63,9 @@ class Runner(Protocol):
 
     output: Location  # the file this process writes: the run's output, or a slice's own
     label: str  # how progress names the run ("images", "images [1/4]")
+    # Whether its workers read each item's bytes themselves (on other machines): the sources then name where items
+    # lie (whole files by their location, tar members by their byte range) and carry no bytes.
+    reads_items_itself: bool
 
     def begin(self) -> None:
         """Once the input is known to hold items, before anything loads."""
@@ -108,6 +111,7 @@ class LocalRunner:
         self.taken = 0
 
     local_rank = 0  # the device index under torchrun (a slice's); one process: the first
+    reads_items_itself = False  # this process reads them: the fetch stage runs ahead of the decoders here
 
     def begin(self) -> None:
         pass

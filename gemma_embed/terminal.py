@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import unicodedata
 
+from gemma_embed.redact import redact
+
 _NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 # Format characters that reorder the text after them on screen (bidirectional embeddings, overrides, isolates
 # and marks): a name can show as another name. Other format characters (zero-width joiners in emoji) are kept.
@@ -24,8 +26,9 @@ def printable(text: str) -> str:
     """`text` with every character a terminal would act on shown as an escape: C0 controls, DEL and C1 controls
     as `\\xNN` (newline, tab and carriage return as `\\n`, `\\t`, `\\r`), a byte of a non-UTF-8 name as `\\xNN`,
     other lone surrogates, line/paragraph separators and bidirectional controls as `\\uXXXX`. Everything else,
-    backslashes included, is left as it is, so an ordinary name shows unchanged."""
-    text = str(text)
+    backslashes included, is left as it is, so an ordinary name shows unchanged. No secret is shown either: a
+    URL's credentials and query string, the environment's credential values (`redact.redact`)."""
+    text = redact(str(text))
     if text.isprintable():  # no control, format, surrogate or separator character: the common case, unchanged
         return text
     out = []

@@ -6,18 +6,21 @@ creates, renames or removes a user's file (tests/unit/test_location_calls.py rea
 - `location(value)` -> `Location` (location.py): a string with its protocol, resolved to (filesystem, path) as
   `fsspec.core.url_to_fs` does; path arithmetic that keeps the protocol; fsspec's operations bound to it (`info`,
   `exists`, `isdir`, `isfile`, `ls`, `walk`, `glob`, `open`, `cat_file`, `rm_file`, `rm`, `makedirs`) and the
-  tool's (`regular_file`, `open_input`, `input_by_name`, `facts`, `atomic_write`, `temp_path`, `own_folder`,
-  `open_lock`, `probe_folder`). A local location is a `LocalLocation`, the `pathlib.Path` callers always had; any
-  other protocol a `RemoteLocation`.
-- `Files` (base.py): what a filesystem provides; `LocalFiles` (local.py) is the first, with the safety of every
-  file the tool creates and every input it opens.
+  tool's (`regular_file`, `open_input`, `input_by_name`, `facts`, `fetch`, `atomic_write`, `temp_path`,
+  `own_folder`, `open_lock`, `holds_files`, `probe_folder`). A local location is a `LocalLocation`, the
+  `pathlib.Path` callers always had; any other protocol a `RemoteLocation`.
+- `Files` (base.py): what a filesystem provides; `LocalFiles` (local.py), with the safety of every file the tool
+  creates and every input it opens; `RemoteFiles` (remote.py), fsspec's filesystem of s3://, gs://, hf://, http://
+  and https:// (each client an optional extra: `CLIENTS`), with ranged reads, whole-object uploads and local copies
+  for libraries that open by name.
 
 A location is a small picklable value (two strings): Ray workers and decode threads are sent locations, never
 bytes, and open them themselves. Libraries that open files by name (Pillow, PyAV, soundfile, pyarrow, numpy's
 memmap, safetensors, faiss, datasets) get `Location.local_path()` of a local location (they read a real file
 faster than a Python file object: PyAV and soundfile especially), `input_by_name()` where the file must be the one
-checked (a search index and the files it maps), or `temp_path()` to write; another kind of location would give
-them `Location.open()`'s seekable file (or `fsspec()`'s filesystem) instead.
+checked (a search index and the files it maps), or `temp_path()` to write; of a remote one, `local_path()` is a
+local copy (outputs, indexes), and readers that take a file object (pyarrow, tarfile, the decoders' bytes) get
+`Location.open()`'s seekable file instead.
 
 What is not a user's location, and stays outside the seam, with why (`OUTSIDE_THE_SEAM`): model checkpoints (the
 hub's cache or a checkpoint folder, read by transformers and safetensors through models/loading.py), the system's
@@ -29,9 +32,8 @@ from __future__ import annotations
 
 import os
 
-from gemma_embed.locations.base import Files, NotPlain, NotRegularFile
+from gemma_embed.locations.base import FetchFailed, Files, NotPlain, NotRegularFile, TooLarge
 from gemma_embed.locations.location import (
-    REMOTE_NEEDS,
     LocalLocation,
     Location,
     RemoteLocation,
@@ -40,16 +42,19 @@ from gemma_embed.locations.location import (
     location,
     split_protocol,
 )
+from gemma_embed.locations.remote import CLIENTS
 
 __all__ = [
     "OUTSIDE_THE_SEAM",
-    "REMOTE_NEEDS",
+    "CLIENTS",
+    "FetchFailed",
     "Files",
     "LocalLocation",
     "Location",
     "NotPlain",
     "NotRegularFile",
     "RemoteLocation",
+    "TooLarge",
     "UnsupportedLocation",
     "filesystem_for",
     "location",

@@ -29,9 +29,7 @@ import stat
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from gemma_embed.locations.base import NotPlain, NotRegularFile
-
-HASH_BLOCK = 1 << 20
+from gemma_embed.locations.base import NotPlain, NotRegularFile, TooLarge, content_facts
 
 # What a file that is not a regular one is, by its stat mode, for messages.
 _KINDS = (
@@ -52,6 +50,7 @@ class LocalFiles:
     """The local filesystem (POSIX), on paths as given: relative paths stay relative to the working folder."""
 
     protocol = "file"
+    writable = True
 
     # ------------------------------------------------------------------------------------------ fsspec's
     def info(self, path: str) -> dict[str, Any]:
@@ -126,6 +125,13 @@ class LocalFiles:
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
         os.makedirs(path, exist_ok=exist_ok)
 
+    def glob(self, pattern: str) -> list[str]:
+        """The paths `pattern` matches (`**` across folders), sorted, spelled as the pattern is (relative stays
+        relative)."""
+        import glob
+
+        return sorted(glob.glob(pattern, recursive=True))
+
     # ------------------------------------------------------------------------------------------ the tool's
     def regular_file(self, path: str, what: str = "a media file") -> os.stat_result:
         """The file's stat (through symbolic links), after refusing what must not be opened for reading: a folder
@@ -172,16 +178,10 @@ class LocalFiles:
             yield fh, by_descriptor if os.path.exists(by_descriptor) else path
 
     def facts(self, path: str) -> dict[str, Any]:
-        """Size, modification time and SHA-256 of the content: how `--resume` tells a changed file. The content is
-        read once, a block at a time."""
-        import hashlib  # here: loading OpenSSL (16 ms on the busy 2-core machine) is for the runs that hash
-
+        """Size, modification time and SHA-256 of the content: how `--resume` tells a changed file."""
         st = self.regular_file(path)
-        digest = hashlib.sha256()
         with self.open_input(path) as fh:
-            while block := fh.read(HASH_BLOCK):
-                digest.update(block)
-        return {"bytes": st.st_size, "mtime": st.st_mtime, "sha256": digest.hexdigest()}
+            return content_facts(st, fh)
 
     @contextlib.contextmanager
     def atomic_write(self, path: str, own_folder: bool = False) -> Iterator[BinaryIO]:
@@ -240,6 +240,14 @@ class LocalFiles:
                 os.mkdir(path, 0o777)
         _plain(os.stat(path, follow_symlinks=False), path, folder=True)
 
+    def fetch(self, path: str, limit: int | None, timeout: float | None = None) -> bytes:
+        """The file's bytes, read whole; `TooLarge` from its size alone (unread) when over `limit`."""
+        st = self.regular_file(path)
+        if limit is not None and st.st_size > limit:
+            raise TooLarge(st.st_size, limit)
+        with self.open_input(path) as fh:
+            return fh.read()
+
     def open_lock(self, path: str) -> int:
         """The output lock's file, opened (created when missing: mode 0666 less the umask) for reading and
         writing, never through a symbolic link (NotPlain), and refused when the opened file is not a plain one of
@@ -268,6 +276,14 @@ class LocalFiles:
         except FileNotFoundError:
             return False
         return (on_disk.st_dev, on_disk.st_ino) == (ours.st_dev, ours.st_ino)
+
+    def drop_lock(self, path: str) -> None:
+        """Remove the lock's file (its holder, on release: see store/lock.py on why that is safe)."""
+        os.unlink(path)
+
+    def holds_files(self, folder: str) -> bool:
+        """Whether new files can go in `folder`: it is a folder that exists."""
+        return os.path.isdir(folder or ".")
 
     def probe_folder(self, folder: str, name: str) -> None:
         """OSError unless `folder` takes a new file: an empty one named after `name` is created and removed."""

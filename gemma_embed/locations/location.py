@@ -9,10 +9,11 @@ Two kinds, one interface (the `Location` base): a local location is a `LocalLoca
 `pathlib.PosixPath` (normalised as pathlib normalises: `./a//b/` is `a/b`), so what the library hands back (outputs,
 parts, index files) is the `Path` it handed back before, and every library that takes a file name accepts it; any
 other protocol gives a `RemoteLocation` (protocol and path, its own arithmetic on the path, no `os.fspath`: a library
-that opens by name must not be given it). Every operation is the location's filesystem's (`Location.fs`,
-base.Files), bound to its path, with fsspec's names. Only local files are implemented; any other protocol is
-refused when first used, in one line from one place (`filesystem_for`), so object storage is a matter of adding its
-filesystem there.
+that opens by name must not be given it; a URL's path is kept as written, query string included, and its name is
+the path's without the query). Every operation is the location's filesystem's (`Location.fs`, base.Files), bound
+to its path, with fsspec's names: local files (local.py), or fsspec's filesystem of the protocol (remote.py). A
+protocol the tool does not know, or whose client is not installed, is refused when first used, in one line from
+one place (`filesystem_for`), naming the extra that installs it.
 """
 
 from __future__ import annotations
@@ -28,34 +29,25 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from gemma_embed.errors import UsageError
 from gemma_embed.locations.base import Files
 from gemma_embed.locations.local import LocalFiles
+from gemma_embed.locations.remote import files_for
+from gemma_embed.redact import redact
 
 LOCAL = "file"
 LOCAL_PROTOCOLS = frozenset({"file", "local"})  # fsspec's names of its local filesystem
 _PROTOCOL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+)://")  # a URL scheme (one letter would be a Windows drive)
-# What each protocol would need, for the one line that refuses it (fsspec's implementations of them).
-REMOTE_NEEDS = {
-    "s3": "s3fs",
-    "s3a": "s3fs",
-    "gs": "gcsfs",
-    "gcs": "gcsfs",
-    "hf": "huggingface_hub's HfFileSystem",
-    "http": "fsspec's HTTP filesystem (aiohttp)",
-    "https": "fsspec's HTTP filesystem (aiohttp)",
-    "az": "adlfs",
-    "abfs": "adlfs",
-    "abfss": "adlfs",
-}
+URL_PROTOCOLS = frozenset({"http", "https"})  # a location that is a URL: its path is kept as written
 _LOCAL_FILES = LocalFiles()
 
 
 class UnsupportedLocation(UsageError, ValueError):
-    """A location on a protocol the tool cannot open (yet): `LOCATION: REASON`. Where a location is data (a path
-    list on stdin, a table's path cell) the item fails with the reason; on the command line it is a usage error.
-    A ValueError too (a value the tool cannot use), as readers that name a bad file in one line catch."""
+    """A location on a protocol the tool cannot open (unknown, or its client not installed): `LOCATION: REASON`.
+    Where a location is data (a path list on stdin, a table's path cell) the item fails with the reason; on the
+    command line it is a usage error. A ValueError too (a value the tool cannot use), as readers that name a bad
+    file in one line catch."""
 
     def __init__(self, where: Location, reason: str) -> None:
         self.where, self.reason = where, reason
-        super().__init__(f"{where}: {reason}")
+        super().__init__(f"{redact(str(where))}: {reason}")
 
 
 def split_protocol(text: str) -> tuple[str | None, str]:
@@ -67,14 +59,15 @@ def split_protocol(text: str) -> tuple[str | None, str]:
 
 
 def filesystem_for(where: Location) -> Files:
-    """The filesystem of a location's protocol: local files; for any other protocol (not supported yet), the one
-    error that says so, naming the location (`UnsupportedLocation`, a UsageError)."""
+    """The filesystem of a location's protocol: local files, or fsspec's implementation of the protocol
+    (remote.py); where the protocol is unknown or its client is not installed, the one error that says so,
+    naming the location and the extra to install (`UnsupportedLocation`, a UsageError)."""
     if where.protocol == LOCAL:
         return _LOCAL_FILES
-    needs = REMOTE_NEEDS.get(where.protocol)
-    if needs is None:
-        raise UnsupportedLocation(where, f"{where.protocol}:// locations are not supported (local paths only)")
-    raise UnsupportedLocation(where, f"{where.protocol}:// locations need {needs} (not supported yet)")
+    found = files_for(where.protocol)
+    if isinstance(found, str):
+        raise UnsupportedLocation(where, found)
+    return found
 
 
 class Location:
@@ -162,6 +155,11 @@ class Location:
             raise ValueError(f"{pattern!r}: a pattern for names in one folder")
         return [entry for entry in self.ls() if fnmatch.fnmatchcase(entry.name, pattern)]
 
+    def matches(self) -> list[Location]:
+        """The locations this one's path matches as a glob pattern (fsspec's: `*`, `?`, `[...]`, `**` across
+        folders), sorted."""
+        return [self._at(path) for path in self.fs.glob(self.path)]
+
     def open(self, mode: str = "rb", **kwargs: Any) -> Any:
         """fsspec's open: a file object (binary modes give a seekable file: ranged reads are seek and read)."""
         return self.fs.open(self.path, mode, **kwargs)
@@ -222,11 +220,27 @@ class Location:
     def own_folder(self, create: bool = True) -> None:
         self.fs.own_folder(self.path, create)
 
+    def fetch(self, limit: int | None = None, timeout: float | None = None) -> bytes:
+        """The whole file in one read, refused unread when over `limit` (`TooLarge`); `FetchFailed` otherwise."""
+        return self.fs.fetch(self.path, limit, timeout)
+
     def open_lock(self) -> int:
         return self.fs.open_lock(self.path)
 
     def names(self, fd: int) -> bool:
         return self.fs.names(self.path, fd)
+
+    def drop_lock(self) -> None:
+        self.fs.drop_lock(self.path)
+
+    @property
+    def writable(self) -> bool:
+        """Whether outputs can be written on this location's filesystem (not on http(s) or hf://)."""
+        return self.fs.writable
+
+    def holds_files(self) -> bool:
+        """Whether new files can go in this folder (local: it exists; object storage: its bucket does)."""
+        return self.fs.holds_files(self.path)
 
     def probe_folder(self, name: str) -> None:
         self.fs.probe_folder(self.path, name)
@@ -277,7 +291,7 @@ class RemoteLocation(Location):
 
     def __init__(self, protocol: str, path: str) -> None:
         object.__setattr__(self, "_protocol", protocol)
-        object.__setattr__(self, "_path", str(PurePosixPath(path)))
+        object.__setattr__(self, "_path", path if protocol in URL_PROTOCOLS else str(PurePosixPath(path)))
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("a Location is immutable")
@@ -300,7 +314,7 @@ class RemoteLocation(Location):
         return f"{self._protocol}://{self._path}"
 
     def __repr__(self) -> str:
-        return f"RemoteLocation({str(self)!r})"
+        return f"RemoteLocation({redact(str(self))!r})"
 
     def __fspath__(self) -> str:
         raise TypeError(f"{self}: not a local file (a library that opens by name cannot read it)")
@@ -316,6 +330,9 @@ class RemoteLocation(Location):
     # ------------------------------------------------------------------------------------------ arithmetic
     @property
     def _pure(self) -> PurePosixPath:
+        """The path as a pure path: a URL's without its query string and fragment."""
+        if self._protocol in URL_PROTOCOLS:
+            return PurePosixPath(re.split(r"[?#]", self._path, maxsplit=1)[0])
         return PurePosixPath(self._path)
 
     @property

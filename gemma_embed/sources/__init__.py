@@ -34,6 +34,7 @@ from gemma_embed.sources.files import (
     extensions,
     find_files,
     is_brace_pattern,
+    is_glob_pattern,
     parse_extensions,
     read_path_list,
 )
@@ -124,7 +125,7 @@ def check_given_paths(inputs: Iterable[str]) -> None:
     """A path named on the command line that does not exist, or on a protocol the tool cannot open, is a usage error,
     before anything loads (paths read from stdin are data: each missing one is a failed item)."""
     for given in inputs:
-        if given == "-" or is_brace_pattern(given):
+        if given == "-" or is_brace_pattern(given) or is_glob_pattern(given):
             continue
         path = location(given)
         if path.islink() and not path.exists():

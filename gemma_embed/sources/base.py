@@ -17,6 +17,7 @@ from gemma_embed.config import (  # noqa: F401 - re-exported
     parse_item_bytes,
 )
 from gemma_embed.locations import location
+from gemma_embed.redact import redact
 from gemma_embed.sources.bounded import utf8_prefix
 
 
@@ -34,8 +35,12 @@ class Source:
     path: str
     error: str | None = None  # set when the path cannot be an item (missing); reported, not fatal
     kind: str | None = None  # with `error`: what happened (errors.RECORD_KINDS), the record's `error`
+    failed_at: str = "find"  # the stage the error belongs to: find, or fetch (sources/fetch.py)
     position: int = 0  # place in the whole input: orders the output and assigns distributed slices
     data: bytes | None = None  # the item's own bytes, when it is not a whole file
+    # (start, end, name): the item is bytes [start, end) of the file at `path`, not read yet (a tar member for a
+    # Ray worker, which reads it itself: sources/fetch.py); `name` is what its bytes are called (a member's)
+    span: tuple[int, int, str] | None = None
     meta: dict = field(default_factory=dict, compare=False, hash=False)
     # An in-memory value from a Python caller (a PIL image, audio samples with their rate): decoded as it is.
     value: Any = field(default=None, compare=False, hash=False)
@@ -48,12 +53,14 @@ class Source:
         return self.data if self.data is not None else self.path
 
     def facts(self) -> dict:
-        """Where the item is, its size and content hash (how --resume knows it), and a file's mtime."""
+        """Where the item is (a URL without its query string: redact.py), its size and content hash (how --resume
+        knows it), and a file's mtime."""
+        where = redact(self.path)
         if self.value is not None:
-            return {"path": self.path}  # nothing to resume from: it exists in the caller's memory only
+            return {"path": where}  # nothing to resume from: it exists in the caller's memory only
         if self.data is None:
-            return {"path": self.path, **location(self.path).facts()}
-        return {"path": self.path, "bytes": len(self.data), "sha256": hashlib.sha256(self.data).hexdigest()}
+            return {"path": where, **location(self.path).facts()}
+        return {"path": where, "bytes": len(self.data), "sha256": hashlib.sha256(self.data).hexdigest()}
 
 
 def row_place(source: Source) -> str | None:

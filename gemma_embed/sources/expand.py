@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 from gemma_embed.locations import Location, location
 from gemma_embed.sources import table, tar
 from gemma_embed.sources.base import MEDIA_MODALITIES, Collection, Source
-from gemma_embed.sources.files import Found, expand_braces, is_brace_pattern
+from gemma_embed.sources.files import Found, expand_patterns
 
 
 def _given_files(inputs: Iterable[str]) -> Iterator[Location]:
-    """The files named on the command line (not found by a walk or on stdin), brace patterns expanded."""
+    """The files named on the command line (not found by a walk or on stdin), brace and glob patterns expanded."""
     for given in inputs:
         if given == "-":
             continue
-        for name in expand_braces(given) if is_brace_pattern(given) else (given,):
+        for name in expand_patterns(given):
             path = location(name)
             if path.isfile():
                 yield path
@@ -87,7 +87,15 @@ class Collections:
         if found.error is not None or not self.is_collection(path):
             yield Source(found.key, str(path), error=found.error, kind=found.kind)
         elif self.media and tar.is_shard(path):
-            yield from tar.members(path, found.key, self.wanted, self.skipped, self.read, collection.max_item_bytes)
+            yield from tar.members(
+                path,
+                found.key,
+                self.wanted,
+                self.skipped,
+                self.read,
+                collection.max_item_bytes,
+                spans=collection.member_spans,
+            )
         elif not self.read:
             count = table.json_lines_row_count(path) if table.is_json_lines(path) else None
             if count is None:

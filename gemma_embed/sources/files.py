@@ -14,6 +14,7 @@ from typing import IO
 
 from gemma_embed.config import parse_extensions  # noqa: F401 - re-exported: sources.parse_extensions
 from gemma_embed.locations import Location, UnsupportedLocation, location
+from gemma_embed.locations.location import URL_PROTOCOLS
 
 # What a folder walk takes for the text command (files named explicitly are taken whatever their extension).
 TEXT_EXTENSIONS = frozenset({".txt", ".text", ".md"})
@@ -123,6 +124,29 @@ def is_brace_pattern(given: str) -> bool:
     return _GROUP.search(given) is not None and not location(given).lexists()
 
 
+_GLOB = re.compile(r"[*?\[]")
+
+
+def is_glob_pattern(given: str) -> bool:
+    """Whether an input is a glob pattern (`shards/*.tar`, `s3://bucket/**/*.jpg`) rather than a name: it has a
+    wildcard and no file has that literal name. A URL is never one (its `?` starts a query)."""
+    where = location(given)
+    if where.protocol in URL_PROTOCOLS or _GLOB.search(where.path) is None:
+        return False
+    return not where.lexists()
+
+
+def expand_patterns(given: str) -> Iterator[str]:
+    """The names an input stands for: a brace pattern's expansions, a glob pattern's matches (sorted; spelled as
+    given: a relative pattern gives relative names, a bucket's its URLs), or the input itself."""
+    if is_brace_pattern(given):
+        yield from expand_braces(given)
+    elif is_glob_pattern(given):
+        yield from (str(match) for match in location(given).matches())
+    else:
+        yield given
+
+
 # ------------------------------------------------------------------------------------------ finding files
 
 
@@ -160,8 +184,9 @@ def find_files(
     """Each file once, in input order; folders are walked recursively in sorted order for `walked` extensions.
 
     Keys: the path as given for files, the path relative to the folder for folder contents (prefixed with the
-    folder as given when that name is already taken). Brace patterns (`shards/{00000..00099}.tar`, when no file
-    has that literal name) stand for each name they expand to, as given. Files named explicitly are taken whatever
+    folder as given when that name is already taken). Brace patterns (`shards/{00000..00099}.tar`) and glob
+    patterns (`shards/*.tar`, `s3://bucket/**/*.jpg`), when no file has that literal name, stand for each name
+    they expand to or match, as given. Files named explicitly are taken whatever
     their extension. Files a walk passes over are counted in `skipped` by extension. A path that cannot be an
     item (missing, dangling link, a protocol the tool cannot open) comes with an error, so the run reports it and
     goes on.
@@ -173,10 +198,8 @@ def find_files(
         for given in inputs:
             if given == "-":
                 yield from iter_path_list(stdin if stdin is not None else process_stdin(), null_separated)
-            elif is_brace_pattern(given):
-                yield from expand_braces(given)
             else:
-                yield given
+                yield from expand_patterns(given)
 
     def emit(key: str, path: Location, error: str | None = None, kind: str = "missing") -> Iterator[Found]:
         ident = str(path.realpath()) if error is None else str(path)

@@ -1,15 +1,17 @@
 """Tables: rows of .parquet files (pyarrow), JSON-lines files (.jsonl, .jsonl.gz) and Hugging Face datasets (the
 optional `datasets` extra) as items.
 
-`--column NAME` names the media, or for the text command the texts. A media column may hold the bytes themselves
-(a binary column), paths of files (a string column; a relative path is taken from the parquet file's folder, or the
-dataset's), or the struct of `bytes` and `path` that `datasets` stores its `Image`, `Audio` and `Video` features
-as, in saved datasets and parquet exports alike (the bytes when there are some, else the path; the path's file name
-goes to the item's metadata as `name` and gives the bytes their extension). The cells reach the tool's own decoders
-untouched: nothing in `datasets` decodes them (they are read as Arrow data), so an image in a dataset becomes
-exactly what the same file would. A text column holds the texts (strings, or UTF-8 bytes): a cell is one item, its
-UTF-8 bytes what a line of a text file would carry, so the same text gives the same vector and content hash
-wherever it was read; a null or blank cell fails by key (never a silent skip).
+`--column NAME` names the media, or for the text command the texts; `--url-column NAME` a column of http(s) URLs,
+each fetched by the fetch stage (sources/fetch.py: timeouts, retries, a per-host limit, the size limit). A media
+column may hold the bytes themselves (a binary column), paths of files (a string column; a relative path is taken
+from the parquet file's folder, or the dataset's), or the struct of `bytes` and `path` that `datasets` stores its
+`Image`, `Audio` and `Video` features as, in saved datasets and parquet exports alike (the bytes when there are
+some, else the path; the path's file name goes to the item's metadata as `name` and gives the bytes their
+extension). The cells reach the tool's own decoders untouched: nothing in `datasets` decodes them (they are read as
+Arrow data), so an image in a dataset becomes exactly what the same file would. A text column holds the texts
+(strings, or UTF-8 bytes): a cell is one item, its UTF-8 bytes what a line of a text file would carry, so the same
+text gives the same vector and content hash wherever it was read; a null or blank cell fails by key (never a silent
+skip).
 
 JSON lines are a table whose rows are the file's records (one JSON object a line, blank lines ignored): a row is
 a record, counted from 0, and the fields are its columns. They are read a line at a time (gzip-decompressed as
@@ -45,8 +47,10 @@ from dataclasses import dataclass, field
 from gemma_embed.config import RESERVED, Collection, parse_columns  # noqa: F401 - parse_columns re-exported
 from gemma_embed.errors import ItemProblem, UsageError
 from gemma_embed.locations import Location, NotRegularFile, UnsupportedLocation, location
+from gemma_embed.locations.location import URL_PROTOCOLS
 from gemma_embed.media import MediaBytes
 from gemma_embed.memory import human_bytes
+from gemma_embed.redact import redact
 from gemma_embed.sources import bounded, records
 from gemma_embed.sources.base import Source, item_too_large, text_source
 
@@ -123,6 +127,9 @@ def column_problem(schema, collection: Collection) -> str | None:
     if collection.column_holds_text:
         if _text_kind(kind) is None:
             return f"column {collection.column!r} holds {kind}: the text command's --column needs a column of texts"
+    elif collection.column_holds_urls:
+        if _media_kind(kind) != "path":
+            return f"column {collection.column!r} holds {kind}: --url-column needs a column of http(s) URLs (text)"
     elif _media_kind(kind) is None:
         return (
             f"column {collection.column!r} holds {kind}: --column needs bytes (binary), file paths (string) or a "
@@ -259,6 +266,8 @@ class _Rows:
                 error=f"{self.at(row)} has no media (column {self.collection.column!r} is empty)",
                 kind="missing",
             )
+        if self.collection.column_holds_urls:
+            return self.url_item(key, row, meta, name)
         path = location(name).expanduser()
         if not path.is_absolute() and self.folder is not None:
             path = self.folder / path.path
@@ -287,6 +296,18 @@ class _Rows:
             return Source(key, self.where, error=f"{self.at(row)} names {name!r}: {exc.reason}", kind="unreadable")
         return Source(key, str(path), meta=meta)
 
+    def url_item(self, key: str, row: int, meta: dict, url: str) -> Source:
+        """A URL cell (--url-column) as an item the fetch stage reads (sources/fetch.py): its path is the URL; a
+        cell that is no http(s) URL fails by key (a table of URLs must not open local files or buckets)."""
+        if location(url).protocol not in URL_PROTOCOLS:
+            return Source(
+                key,
+                self.where,
+                error=f"{self.at(row)}: {redact(url)!r} is no http(s) URL (--url-column)",
+                kind="unreadable",
+            )
+        return Source(key, url, meta=meta)
+
     def text_item(self, key: str, row: int, meta: dict, data, size: int | None = None) -> Source:
         """A text cell as an item carrying its UTF-8 bytes, as a line of a text file carries its own: cut at
         --max-text-bytes or passed over (`base.text_source`), and a null or blank cell passed over as a blank line
@@ -312,9 +333,11 @@ class _Rows:
 
 
 def _open_parquet(path: Location):
+    """pyarrow's reader: a local file by its name, a remote one through the seam's seekable file (ranged reads: the
+    footer, then the row groups and columns asked for; never the whole file)."""
     import pyarrow.parquet as pq
 
-    return pq.ParquetFile(path.local_path())
+    return pq.ParquetFile(path.local_path() if path.is_local else path.open_input())
 
 
 def check_parquet(path: Location, collection: Collection) -> None:

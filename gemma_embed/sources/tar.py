@@ -75,6 +75,7 @@ class _Member:
     data: MediaBytes | None = None  # None when not read (counting, not wanted) or when it could not be read
     error: str | None = None
     kind: str = "unreadable"  # with `error`: what happened (errors.RECORD_KINDS)
+    span: tuple[int, int, str] | None = None  # where its data lies, when it is left for the decoder to read
 
 
 @dataclass
@@ -106,10 +107,13 @@ def members(
     skipped: Counter | None = None,
     read: bool = True,
     max_bytes: int | None = None,
+    spans: bool = False,
 ) -> Iterator[Source]:
     """The items of one shard, in member order: each member with a `wanted` extension (its bytes, its sample's
     sidecars), then failures as they are met; a member over `max_bytes` fails unread. With `read=False` only the
-    headers are read (members' data is skipped by seeking): what is yielded is only good for counting."""
+    headers are read (members' data is skipped by seeking): what is yielded is only good for counting. With
+    `spans`, an item's data is not read either: its Source names where it lies in the shard (`Source.span`), for a
+    worker that reads it itself (a Ray decode task); sidecars are read as ever."""
     sample = _Sample()
     seen: set[str] = set()
 
@@ -134,6 +138,7 @@ def members(
                     error=member.error,
                     kind=member.kind if member.error is not None else None,
                     data=member.data,
+                    span=member.span,
                     meta={"member": member.name, **meta} if member.error is None else {},
                 )
             elif not (takes and sample_key(member.name)[1].lower() in SIDECARS) and skipped is not None:
@@ -141,7 +146,7 @@ def members(
         sample.members.clear()
         sample.size = 0
 
-    for event in _read_shard(path, read, wanted, max_bytes):
+    for event in _read_shard(path, read, wanted, max_bytes, spans):
         if isinstance(event, _Problem):
             yield from flush()
             yield Source(shard_key, str(path), error=event.message, kind="unreadable")
@@ -226,7 +231,11 @@ _KINDS = {
 
 
 def _read_shard(
-    path: Location, read: bool, wanted: frozenset[str] = frozenset(), max_bytes: int | None = None
+    path: Location,
+    read: bool,
+    wanted: frozenset[str] = frozenset(),
+    max_bytes: int | None = None,
+    spans: bool = False,
 ) -> Iterator[_Member | _NotAFile | _Problem]:
     """Regular-file members in order (with their bytes when `read` and the member is an item or a sidecar),
     members that are no files, and a _Problem wherever the shard stops making sense; after a corrupt header,
@@ -294,6 +303,10 @@ def _read_shard(
                     continue
                 if not read:
                     yield _Member(info.name)
+                    continue
+                if spans and data.sparse is None and _wanted(info.name, wanted):
+                    name = posixpath.basename(info.name)
+                    yield _Member(info.name, span=(data.offset, data.offset + data.size, name))
                     continue
                 try:
                     content = _read_data(fh, data)

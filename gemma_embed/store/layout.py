@@ -121,13 +121,15 @@ def plan_shards(header_sizes: list[int], shard_size: int | None, header_cap: int
 
 
 def output_folder(path: Where) -> Location:
-    """The folder an output goes in; a usage error when it does not exist (or is on a protocol the tool cannot
-    write: refused naming the output itself)."""
+    """The folder an output goes in; a usage error when it does not exist (on object storage: when its bucket does
+    not), or when the output is on a protocol the tool cannot write (refused naming the output itself)."""
     output = location(path)
-    filesystem_for(output)
+    if not filesystem_for(output).writable:
+        raise UsageError(f"{output}: {output.protocol}:// locations are read-only here: write the output elsewhere")
     folder = output.parent
-    if not folder.isdir():
-        raise UsageError(f"{folder}: output folder does not exist")
+    if not folder.holds_files():
+        what = "output folder" if folder.is_local else "bucket of the output"
+        raise UsageError(f"{folder}: {what} does not exist")
     return folder
 
 

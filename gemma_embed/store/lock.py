@@ -24,7 +24,9 @@ second run fails at once, naming that PID.
 - The lock file is opened by the seam (`Location.open_lock`: created when missing, never through a symbolic
   link, and refused when it is a hard link to another file or another user's); what is in the way is one line
   naming it (a `DamagedFile`, exit 2), and nothing is written to it. This module keeps the protocol on its
-  descriptor (flock, the holder's PID, the removal check).
+  descriptor (flock, the holder's PID, the removal check). An output on object storage has its lock's file on
+  this machine (locations/remote.py): runs on one machine are kept apart as for a local output, runs on two
+  machines into one bucket are not.
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ def _busy(output: Location, pid: int | None, role: str, hint: str) -> OutputBusy
 def _release(path: Location, fd: int) -> None:
     try:
         if path.names(fd):  # whether `path` still names the file open as `fd` (see the module note on removal)
-            path.rm_file()
+            path.drop_lock()
     except OSError:
         pass  # a lock file left behind is harmless: the next run takes it
     finally:

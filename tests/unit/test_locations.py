@@ -8,6 +8,7 @@ import hashlib
 import os
 import pickle
 import stat
+import sys
 import threading
 from pathlib import Path
 
@@ -71,17 +72,26 @@ def test_a_location_is_a_small_picklable_value():
         location("a").path = "b"
 
 
+@pytest.fixture
+def no_clients(monkeypatch):
+    """The object-storage clients not installed: importing them fails, as on a machine without the extras."""
+    for module in ("s3fs", "gcsfs", "aiohttp"):
+        monkeypatch.setitem(sys.modules, module, None)
+
+
 @pytest.mark.parametrize(
     "text, needs",
     [
-        ("s3://bucket/shards/{00000..00009}.tar", "s3:// locations need s3fs (not supported yet)"),
-        ("gs://bucket/a.parquet", "gs:// locations need gcsfs (not supported yet)"),
-        ("hf://datasets/org/x/a.jsonl", "hf:// locations need huggingface_hub's HfFileSystem (not supported yet)"),
-        ("https://example.org/a.jpg", "https:// locations need fsspec's HTTP filesystem (aiohttp) (not supported yet)"),
-        ("ftp2://host/a", "ftp2:// locations are not supported (local paths only)"),
+        ("s3://bucket/shards/{00000..00009}.tar", "s3:// locations need s3fs: pip install 'gemma-embed[s3]'"),
+        ("gs://bucket/a.parquet", "gs:// locations need gcsfs: pip install 'gemma-embed[gcs]'"),
+        (
+            "https://example.org/a.jpg",
+            "https:// locations need fsspec's HTTP filesystem (aiohttp): pip install 'gemma-embed[http]'",
+        ),
+        ("ftp2://host/a", "ftp2:// locations are not supported (local paths, gcs, gs, hf, http, https, s3, s3a)"),
     ],
 )
-def test_a_remote_protocol_is_refused_in_one_line_when_first_used(text, needs):
+def test_a_protocol_without_its_client_is_refused_in_one_line_naming_the_extra(no_clients, text, needs):
     where = location(text)  # parsing checks nothing
     for use in (where.exists, where.isdir, where.open_input, lambda: where.with_name("x.lock").open_lock()):
         with pytest.raises(UsageError) as refused:
@@ -301,10 +311,12 @@ def test_a_folder_that_takes_no_new_file_fails_the_probe_and_nothing_is_left(tmp
         location(tmp_path / "missing").probe_folder("out.safetensors")
 
 
-# ------------------------------------------------------------------------------------------ remote inputs today
+# ------------------------------------------------------------------------------------------ without the clients
 
 
-def test_a_remote_input_is_a_usage_error_as_an_argument_and_a_failed_item_as_data(tmp_path):
+def test_a_remote_input_without_its_client_is_a_usage_error_as_an_argument_and_a_failed_item_as_data(
+    tmp_path, no_clients
+):
     import io
 
     import pyarrow as pa
@@ -315,19 +327,22 @@ def test_a_remote_input_is_a_usage_error_as_an_argument_and_a_failed_item_as_dat
     for given in ("s3://bucket/x.jpg", "s3://bucket/{00000..00009}.tar"):
         with pytest.raises(UsageError) as refused:
             check_given_paths([given])
-        assert str(refused.value) == f"{given}: s3:// locations need s3fs (not supported yet)"
+        assert str(refused.value) == f"{given}: s3:// locations need s3fs: pip install 'gemma-embed[s3]'"
     (tmp_path / "a.png").write_bytes(b"\x89PNG")
     listed = io.StringIO(f"gs://bucket/x.jpg\n{tmp_path / 'a.png'}\n")
     assert [(s.key, s.error) for s in iter_sources(["-"], "images", stdin=listed)] == [
-        ("gs://bucket/x.jpg", "gs:// locations need gcsfs (not supported yet)"),
+        ("gs://bucket/x.jpg", "gs:// locations need gcsfs: pip install 'gemma-embed[gcs]'"),
         (str(tmp_path / "a.png"), None),
     ]
-    pq.write_table(pa.table({"image": ["hf://datasets/o/n/x.jpg", "a.png"]}), tmp_path / "t.parquet")
-    rows = list(iter_sources([str(tmp_path / "t.parquet")], "images", collection=Collection(column="image")))
+    pq.write_table(pa.table({"image": ["s3://bucket/x.jpg", "a.png"]}), tmp_path / "t.parquet")
+    rows = list(
+        iter_sources(
+            [str(tmp_path / "t.parquet")], "images", collection=Collection(column="image", allow_outside_paths=True)
+        )
+    )
     assert [(s.error, s.path) for s in rows] == [
         (
-            "row 0 names 'hf://datasets/o/n/x.jpg': hf:// locations need huggingface_hub's HfFileSystem "
-            "(not supported yet)",
+            "row 0 names 's3://bucket/x.jpg': s3:// locations need s3fs: pip install 'gemma-embed[s3]'",
             str(tmp_path / "t.parquet"),
         ),
         (None, str(tmp_path / "a.png")),
@@ -340,7 +355,7 @@ def test_a_remote_input_is_a_usage_error_as_an_argument_and_a_failed_item_as_dat
         (["images", "s3://bucket/photos/", "-o", "OUT"], "s3://bucket/photos"),
         (["images", "IMAGES", "-o", "s3://bucket/out.safetensors"], "s3://bucket/out.safetensors"),
         (["text", "-", "-o", "gs://bucket/out.safetensors"], "gs://bucket/out.safetensors"),
-        (["inspect", "hf://datasets/org/name/out.safetensors"], "hf://datasets/org/name/out.safetensors"),
+        (["inspect", "gs://bucket/name/out.safetensors"], "gs://bucket/name/out.safetensors"),
         (["export", "gs://bucket/out.safetensors", "--to", "npy"], "gs://bucket/out.safetensors"),
         (["export", "OUT", "--to", "parquet", "-o", "s3://bucket/out.parquet"], "s3://bucket/out.parquet"),
         (["index", "s3://bucket/out.safetensors"], "s3://bucket/out.safetensors"),
@@ -348,7 +363,9 @@ def test_a_remote_input_is_a_usage_error_as_an_argument_and_a_failed_item_as_dat
     ],
     ids=["input", "output", "text-output", "inspect", "export", "export-to", "index", "search"],
 )
-def test_every_command_refuses_a_remote_location_in_one_line_before_any_work(tmp_path, command, named):
+def test_every_command_refuses_a_location_without_its_client_in_one_line_before_any_work(
+    tmp_path, no_clients, command, named
+):
     from typer.testing import CliRunner
 
     from gemma_embed.cli import app
@@ -357,6 +374,55 @@ def test_every_command_refuses_a_remote_location_in_one_line_before_any_work(tmp
     given = [str(tmp_path / "out.safetensors") if a == "OUT" else str(images) if a == "IMAGES" else a for a in command]
     result = CliRunner().invoke(app, given, catch_exceptions=False)
     protocol = named.split("://")[0]
+    client, extra = ("s3fs", "s3") if protocol == "s3" else ("gcsfs", "gcs")
     assert result.exit_code == 2
-    assert result.stderr.startswith(f"error: {named}: {protocol}:// locations ") and result.stderr.count("\n") == 1
+    assert (
+        result.stderr == f"error: {named}: {protocol}:// locations need {client}: pip install 'gemma-embed[{extra}]'\n"
+    )
     assert result.stdout == "" and os.listdir(tmp_path) == []
+
+
+def test_an_output_on_a_read_only_protocol_is_refused_in_one_line(tmp_path):
+    from gemma_embed.store import check_output_folder
+
+    for output in ("https://example.org/out.safetensors", "hf://datasets/org/name/out.safetensors"):
+        with pytest.raises(UsageError) as refused:
+            check_output_folder(output)
+        protocol = output.split(":")[0]
+        assert str(refused.value) == f"{output}: {protocol}:// locations are read-only here: write the output elsewhere"
+
+
+# ------------------------------------------------------------------------------------------ a store out of reach
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again: a connection there is refused at once
+
+
+def test_a_store_out_of_reach_or_without_credentials_is_one_line_naming_the_location(monkeypatch, tmp_path):
+    pytest.importorskip("s3fs")
+    from gemma_embed.errors import kind_of, one_line
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "example-secret-of-the-test")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    with pytest.raises(ConnectionError) as refused:
+        location("s3://bucket/photos").exists()
+    line = one_line(refused.value)
+    assert line.startswith("s3://bucket/photos: cannot reach the store (Could not connect to the endpoint URL")
+    assert "\n" not in line and kind_of(refused.value).code == 1
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(PermissionError) as refused:
+        location("s3://bucket/photos").isdir()
+    assert one_line(refused.value) == "s3://bucket/photos: no credentials for the store (Unable to locate credentials)"
+    assert kind_of(refused.value).code == 2

@@ -1,0 +1,88 @@
+"""No secret leaves the tool: with the store's secret key in the environment, signed URLs (their signature in the
+query string) and a password in a URL among the inputs, and failures among them, neither appears in any file a run
+writes (its output, parts, errors file and lock, locally and in the bucket, and the search index) nor in any line it
+prints on stdout or stderr, --debug tracebacks included. The signed URLs were fetched as given: the server saw the
+signature; only what is recorded lost it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from collection_helpers import IMAGES, MODEL, image_files
+from remote_helpers import SECRET_KEY, SIGNATURE, MediaServer, files_under, s3_server, s3fs_client
+
+import gemma_embed
+
+NAMES = list(IMAGES)[:4]
+PASSWORD = "pa55-w0rd-0f-the-test-42"
+SECRETS = (SECRET_KEY, SIGNATURE, PASSWORD)
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "gemma_embed.cli", *args, "--model", str(MODEL), "--max-soft-tokens", "70"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def setting(tmp_path_factory):
+    root = tmp_path_factory.mktemp("secrets")
+    folder = root / "images"
+    images = image_files(folder)
+    with pytest.MonkeyPatch.context() as patch, s3_server(patch), MediaServer(folder) as web:
+        fs = s3fs_client()
+        fs.mkdir("private")
+        for name in NAMES:
+            fs.pipe_file(f"private/photos/{name}", images[name])
+        host = web.url("").removeprefix("http://").rstrip("/")
+        urls = [web.url(f"{name}?X-Amz-Credential=AKIA%2Fx&X-Amz-Signature={SIGNATURE}") for name in NAMES[:2]]
+        urls += [
+            web.url(f"status/403/denied.jpg?X-Amz-Signature={SIGNATURE}"),  # fails, with its signed URL
+            web.url(f"cut/{NAMES[2]}?sig={SIGNATURE}"),  # fails after retries
+            f"http://user:{PASSWORD}@{host}/{NAMES[3]}",  # credentials in the URL itself
+            f"htp://{host}/{NAMES[0]}?X-Amz-Signature={SIGNATURE}",  # a mistyped scheme: no URL to fetch
+        ]
+        pq.write_table(pa.table({"url": urls}), root / "signed.parquet")
+        yield {"root": root, "web": web, "fs": fs}
+
+
+def _leaks(text: str) -> list[str]:
+    return [secret for secret in SECRETS if secret in text]
+
+
+def test_no_secret_in_any_file_written_or_line_printed(setting):
+    root, fs, web = setting["root"], setting["fs"], setting["web"]
+    local = root / "out" / "emb.safetensors"
+    local.parent.mkdir()
+    runs = [
+        _run("images", "s3://private/photos", str(root / "signed.parquet"), "--url-column", "url", "-o", str(local),
+             "--url-retries", "1", "--debug", "--jsonl", "--flush-every", "1"),
+        _run("images", "s3://private/photos", str(root / "signed.parquet"), "--url-column", "url",
+             "-o", "s3://private/run/emb.safetensors", "--url-retries", "1", "--debug", "--jsonl", "--shard-size", "3"),
+    ]  # fmt: skip
+    for run in runs:
+        assert run.returncode == 1, run.stderr  # the failing URLs, named; the rest written
+        assert "error: signed.parquet" not in run.stderr and "cannot fetch" in run.stderr
+        assert _leaks(run.stdout) == [] and _leaks(run.stderr) == [], run.stderr
+    index = subprocess.run(
+        [sys.executable, "-m", "gemma_embed.cli", "index", "s3://private/run/emb.safetensors"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert index.returncode == 0, index.stderr
+    assert _leaks(index.stdout + index.stderr) == []
+
+    written = {str(p): p.read_bytes() for p in files_under(root / "out")}
+    written.update({key: fs.cat_file(key) for key in fs.find("private/run")})
+    assert any(name.endswith("emb.errors.jsonl") for name in written) and len(written) >= 6
+    for name, data in written.items():
+        assert [s for s in SECRETS if s.encode() in data] == [], name
+
+    items = gemma_embed.read_metadata(local)["items"]
+    recorded = [item["path"] for item in items if item["path"].startswith("http")]
+    assert recorded == [web.url(NAMES[0]), web.url(NAMES[1]), web.url(NAMES[3])]  # the URLs without secrets
+    assert any(SIGNATURE in request for request in web.requests)  # fetched as given, signature and all
