@@ -192,6 +192,10 @@ RECORD_KINDS = {
         "times its size (a gzip bomb: the rest of that file)."
     ),
     "too-long": "A text over --max-text-bytes with --long-text skip.",
+    "fetch-failed": (
+        "A URL (--url-column) or an object in storage that could not be fetched: an HTTP error status, a timeout, "
+        "a refused or dropped connection, a body cut short (after --url-retries tries)."
+    ),
     "blank": "No text: a blank line, a null, missing or blank text cell, an empty --per-file file.",
     "undecodable": (
         "Its bytes are not what they should be: text that is not UTF-8 or holds a lone surrogate escape "

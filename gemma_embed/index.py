@@ -156,10 +156,10 @@ def _read_faiss(faiss, index_file: Location, record: dict, refuse):
         raise refuse(index_file, f"missing (an interrupted build?); {record['kind']} indexes have one")
     try:
         with index_file.input_by_name() as (fh, name):
-            st = os.fstat(fh.fileno())
-            if (st.st_size, st.st_mtime_ns) != (recorded["size"], recorded["mtime_ns"]):
+            size, mtime_ns = index_file.size_and_time(fh)
+            if (size, mtime_ns) != (recorded["size"], recorded["mtime_ns"]):
                 raise refuse(index_file, "not the file it was built with (changed since, or an interrupted build?)")
-            if sampled_sha256(fh, st.st_size) != recorded["sampled_sha256"]:
+            if sampled_sha256(fh, size) != recorded["sampled_sha256"]:
                 raise refuse(index_file, "not the file it was built with (its content digest differs)")
             index = faiss.read_index(name)
     except (ValueError, OSError) as exc:  # a FIFO or device in its place: refused unopened

@@ -177,6 +177,11 @@ class LocalFiles:
             by_descriptor = f"/proc/self/fd/{fh.fileno()}"
             yield fh, by_descriptor if os.path.exists(by_descriptor) else path
 
+    def size_and_time(self, path: str, fh: BinaryIO) -> tuple[int, int]:
+        """Of the opened file itself (fstat): whatever is put at `path` meanwhile."""
+        st = os.fstat(fh.fileno())
+        return st.st_size, st.st_mtime_ns
+
     def facts(self, path: str) -> dict[str, Any]:
         """Size, modification time and SHA-256 of the content: how `--resume` tells a changed file."""
         st = self.regular_file(path)

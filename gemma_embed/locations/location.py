@@ -211,6 +211,10 @@ class Location:
     def facts(self) -> dict[str, Any]:
         return self.fs.facts(self.path)
 
+    def size_and_time(self, fh: BinaryIO) -> tuple[int, int]:
+        """(size, modification time in ns) of this location opened as `fh` (`open_input`, `input_by_name`)."""
+        return self.fs.size_and_time(self.path, fh)
+
     def atomic_write(self, own_folder: bool = False) -> contextlib.AbstractContextManager[BinaryIO]:
         return self.fs.atomic_write(self.path, own_folder)
 

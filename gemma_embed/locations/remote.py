@@ -310,6 +310,11 @@ class RemoteFiles:
         with open(copy, "rb") as fh:
             yield fh, copy
 
+    def size_and_time(self, path: str, fh: BinaryIO) -> tuple[int, int]:
+        """Of the object (its info: fsspec's files have no descriptor to ask); `mtime_ns` as `info` gives it."""
+        found = self.info(path)
+        return found["size"], found["mtime_ns"]
+
     def facts(self, path: str) -> dict[str, Any]:
         """Size, modification time and SHA-256 of the content (read once, streamed), as for a local file."""
         found = self.regular_file(path)

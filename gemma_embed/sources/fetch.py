@@ -110,17 +110,19 @@ def fetched(source: Source, policy: FetchPolicy) -> Source:
             return replace(source, data=MediaBytes(data, where.name))
         except TooLarge as exc:
             what = "it" if exc.known else "its body (no size declared)"
-            return _failed(source, f"{redact(str(where))}: {item_too_large(exc.size, exc.limit, what)}")
+            return _failed(source, f"{redact(str(where))}: {item_too_large(exc.size, exc.limit, what)}", "too-large")
         except FetchFailed as exc:
             if exc.transient and tries <= policy.retries:
                 time.sleep(policy.backoff_s * 2 ** (tries - 1) * (0.5 + random.random()))
                 continue
             after = f" (tried {tries} times)" if tries > 1 else ""
-            return _failed(source, f"cannot fetch {redact(str(where))}: {exc.reason}{after}")
+            kind = "missing" if exc.status in (404, 410) else "fetch-failed"
+            return _failed(source, f"cannot fetch {redact(str(where))}: {exc.reason}{after}", kind)
         except UnsupportedLocation as exc:
-            return _failed(source, exc.reason)
+            return _failed(source, exc.reason, "unreadable")
         except OSError as exc:  # what a client raised that is none of the above: its words, redacted
-            return _failed(source, f"cannot fetch {redact(str(where))}: {exc.strerror or type(exc).__name__}")
+            reason = f"cannot fetch {redact(str(where))}: {exc.strerror or type(exc).__name__}"
+            return _failed(source, reason, "fetch-failed")
 
 
 def _range(source: Source, where: Location) -> Source:
@@ -130,14 +132,17 @@ def _range(source: Source, where: Location) -> Source:
     try:
         data = where.cat_file(start, end)
     except (OSError, UnsupportedLocation) as exc:
-        return _failed(source, f"cannot read it from {redact(str(where))}: {getattr(exc, 'strerror', None) or exc}")
+        reason = f"cannot read it from {redact(str(where))}: {getattr(exc, 'strerror', None) or exc}"
+        return _failed(source, reason, "unreadable")
     if len(data) != end - start:
-        return _failed(source, f"truncated shard: the member's data is cut after {len(data)} of {end - start} bytes")
+        cut = f"truncated shard: the member's data is cut after {len(data)} of {end - start} bytes"
+        return _failed(source, cut, "unreadable")
     return replace(source, data=MediaBytes(data, name), span=None)
 
 
-def _failed(source: Source, reason: str) -> Source:
-    return replace(source, error=reason, failed_at=FETCH_STAGE)
+def _failed(source: Source, reason: str, kind: str) -> Source:
+    """`source` failed at the fetch stage: `reason` its error, `kind` what happened (errors.RECORD_KINDS)."""
+    return replace(source, error=reason, failed_at=FETCH_STAGE, kind=kind)
 
 
 # ------------------------------------------------------------------------------------------ the stage

@@ -29,18 +29,28 @@ READ_BLOCK = 1 << 20
 def sampled_sha256(fh: BinaryIO, size: int) -> str:
     """The sampled digest of an open file of `size` bytes (see the module's note), read with positioned reads."""
     digest = hashlib.sha256(size.to_bytes(8, "little"))
-    fd = fh.fileno()
     if size <= WHOLE_BELOW:
         spans = [(0, size)]
     else:
         step = (size - 2 * EDGE - BLOCK) / (BLOCKS - 1)
         spans = [(0, EDGE), *((EDGE + round(n * step), BLOCK) for n in range(BLOCKS)), (size - EDGE, EDGE)]
     for start, length in spans:
-        data = os.pread(fd, length, start)
+        data = read_at(fh, length, start)
         if len(data) != length:
             raise OSError(f"shorter than its {size} bytes (truncated while read?)")
         digest.update(data)
     return digest.hexdigest()
+
+
+def read_at(fh: BinaryIO, length: int, start: int) -> bytes:
+    """`length` bytes from `start`: a positioned read (no seek) of a local file's descriptor, a seek and a read of
+    a file object without one (object storage's: ranged requests)."""
+    try:
+        fd = fh.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        fh.seek(start)
+        return fh.read(length)
+    return os.pread(fd, length, start)
 
 
 def full_sha256(fh: BinaryIO) -> str:
@@ -55,6 +65,7 @@ def full_sha256(fh: BinaryIO) -> str:
 def file_digests(file: str | os.PathLike | Location) -> dict[str, str | int]:
     """A file's size, whole and sampled digests, for an index record (the file opened as an input: a FIFO or a
     device is refused unopened)."""
-    with location(file).open_input() as fh:
-        size = os.fstat(fh.fileno()).st_size
+    where = location(file)
+    with where.open_input() as fh:
+        size, _ = where.size_and_time(fh)
         return {"size": size, "sha256": full_sha256(fh), "sampled_sha256": sampled_sha256(fh, size)}

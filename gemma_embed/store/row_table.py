@@ -24,7 +24,7 @@ import numpy as np
 
 from gemma_embed import FORMAT, __version__
 from gemma_embed.locations import Location, location
-from gemma_embed.store.digests import file_digests, sampled_sha256
+from gemma_embed.store.digests import file_digests, read_at, sampled_sha256
 from gemma_embed.store.layout import index_path, inside_folder, output_files, relative_name
 
 TABLE_FORMAT = "gemma-embed-search/2"  # /1 recorded no digests: refused, to be built again
@@ -114,12 +114,12 @@ def compare_fingerprint(
             return f"it covers {', '.join(e['name'] for e in recorded)}, the output now has {', '.join(names)}"
         for old, name, file in zip(recorded, names, files, strict=True):
             with file.open_input() as fh:
-                st = os.fstat(fh.fileno())
-                if old["size"] != st.st_size:
-                    return f"{name} is now {st.st_size} bytes, {old['size']} when indexed"
-                if old["mtime_ns"] != st.st_mtime_ns:
+                size, mtime_ns = file.size_and_time(fh)
+                if old["size"] != size:
+                    return f"{name} is now {size} bytes, {old['size']} when indexed"
+                if old["mtime_ns"] != mtime_ns:
                     return f"{name} was modified after indexing"
-                if sampled_sha256(fh, st.st_size) != old["sampled_sha256"]:
+                if sampled_sha256(fh, size) != old["sampled_sha256"]:
                     return f"{name} holds other bytes than the ones indexed (its content digest differs)"
     except (OSError, ValueError) as exc:  # missing, not a regular file (a FIFO: refused unopened), a damaged index
         return " ".join(str(exc).split())
@@ -489,8 +489,7 @@ def _sample_norms(table: RowTable, sample: np.ndarray) -> np.ndarray:
 
 def _data_span(fh: Any, tensor: str) -> tuple[int, int]:
     """(offset from the file's start, size) of one tensor's bytes in an open safetensors file."""
-    fd = fh.fileno()
-    (length,) = struct.unpack("<Q", os.pread(fd, 8, 0))
-    header = json.loads(os.pread(fd, length, 8))
+    (length,) = struct.unpack("<Q", read_at(fh, 8, 0))
+    header = json.loads(read_at(fh, length, 8))
     begin, end = header[tensor]["data_offsets"]
     return 8 + length + int(begin), int(end) - int(begin)

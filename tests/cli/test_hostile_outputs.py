@@ -123,12 +123,13 @@ def test_a_parts_folder_swapped_for_a_link_during_a_run_stops_it_without_writing
 
 @pytest.fixture(scope="module")
 def indexed(tmp_path_factory):
-    """Two outputs of 80 texts each (other texts, the same shape), each with its IVF index (one cell: 80 rows)."""
+    """Two outputs of 80 texts each (the same texts in another order: the same shape and size), each with its IVF
+    index (one cell: 80 rows)."""
     made = {}
     for name, offset in (("a", 0), ("b", 1)):
         folder = tmp_path_factory.mktemp(name)
         out = folder / "o.safetensors"
-        lines = [f"{TEXTS[(n + offset) % 4]} (document {n * (offset + 1)})" for n in range(80)]
+        lines = [f"{TEXTS[(n + offset) % 4]} (document {n})" for n in range(80)]
         code, _, stderr = _cli("text", "-", "--model", EG2, "-o", out, "-q", stdin="\n".join(lines))
         assert code == 0, stderr
         code, _, stderr = _cli("index", out, "--kind", "ivf", "-q")

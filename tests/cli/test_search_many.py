@@ -90,7 +90,13 @@ def test_queries_file_through_the_command_with_an_index_and_exact(text_index, tm
     assert answers[0][2:] == [(h.key, round(h.score, 5)) for h in single]
     table = _cli("search", text_index, "--queries", queries, "-k", "1", "--device", "cpu").stdout.splitlines()
     assert table[0] == "prompt: query (items: none); scoring: cosine with each item's vector"  # for every query
-    assert table[1] == f"query 1: {TEXTS[2]} (document 1)" and table[2].split() == ["rank", "score", "key", "path"]
+    assert table[1] == f"query 1: {TEXTS[2]} (document 1)" and table[2].split() == [
+        "rank",
+        "score",
+        "key",
+        "path",
+        "text",
+    ]
     assert f"query 2: {TEXTS[0]} (document 3)" in table
 
 

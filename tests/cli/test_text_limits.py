@@ -96,10 +96,10 @@ def test_a_128_mib_line_of_a_text_file_is_passed_over_with_long_text_skip(tmp_pa
     assert run["code"] == 0, run["stderr"]
     assert lines_of(run["stderr"], "error:") == []
     assert lines_of(run["stderr"], "note: passed over") == [
-        f"note: passed over 1 text over --max-text-bytes 64.0 KiB (--long-text skip): {lines}:2 (line 2 is "
+        f"note: passed over 1 text over --max-text-bytes 64.0 KiB (--long-text skip): {lines}:1 (row 1 is "
         f"{human_bytes(size)}, over --max-text-bytes 64.0 KiB: skipped (--long-text cut embeds its first 64.0 KiB))"
     ]
-    assert list(gemma_embed.load(out)) == [f"{lines}:1", f"{lines}:3"]
+    assert list(gemma_embed.load(out)) == [f"{lines}:0", f"{lines}:2"]
     assert errors_file(out) == []  # passed over, not failed
     assert run["peak"] - run["loaded"] < 32 * MiB, (run["peak"], run["loaded"])
 
@@ -122,11 +122,11 @@ def test_a_cut_text_gives_the_vector_sentence_transformers_gives_the_whole_text(
     stderr = proc.stderr.decode()
     assert proc.returncode == 0, stderr
     (note,) = lines_of(stderr, "note: cut")
-    assert note.endswith(f": {lines}:2, {table}:0")
+    assert note.endswith(f": {lines}:1, {table}:0")
     ours = gemma_embed.load(out)
-    assert list(ours) == [f"{lines}:1", f"{lines}:2", f"{table}:0", f"{table}:1"]
+    assert list(ours) == [f"{lines}:0", f"{lines}:1", f"{table}:0", f"{table}:1"]
     meta = items(out)
-    assert meta[f"{lines}:2"]["cut_from_bytes"] == MiB and meta[f"{table}:0"]["cut_from_bytes"] == len(cell)
+    assert meta[f"{lines}:1"]["cut_from_bytes"] == MiB and meta[f"{table}:0"]["cut_from_bytes"] == len(cell)
     texts = ["short one", long_line, cell, "short two"]
     reference = SentenceTransformer(str(EG), device="cpu").encode(texts, prompt_name="document")
     for key, expected in zip(ours, reference, strict=True):
@@ -160,7 +160,7 @@ def test_gzip_bombs_stop_after_64_mib_and_a_damaged_stream_names_its_file(tmp_pa
     assert "more than 200 times its compressed size (a gzip bomb?)" in errors[0] and "gzip bomb" in errors[1]
     assert "damaged gzip stream" in errors[2]
     keys = list(gemma_embed.load(out))
-    assert keys[:4] == [f"{records}:0", f"{records}:1", f"{text}:1", f"{text}:2"]
+    assert keys[:4] == [f"{records}:0", f"{records}:1", f"{text}:0", f"{text}:1"]
     assert len(keys) > 4 + 1000 and all(k.startswith(f"{cut}:") for k in keys[4:])  # the rows before the cut
     kinds = {r["key"]: r["error"] for r in errors_file(out)}
     assert kinds == {str(records): "too-large", str(text): "too-large", str(cut): "unreadable"}
@@ -216,10 +216,10 @@ def test_blank_lines_and_cells_follow_one_rule_passed_over_or_failed_with_on_err
     assert proc.returncode == 0, stderr
     assert lines_of(stderr, "error:") == []
     assert lines_of(stderr, "note: passed over") == [  # counted by line; a run of blank lines named once
-        f"note: passed over 7 blank texts (nothing to embed): {lines}:2 (lines 2 to 3 are blank), {rows}:1 (row 1: "
+        f"note: passed over 7 blank texts (nothing to embed): {lines}:1 (rows 1 to 2 are blank), {rows}:1 (row 1: "
         f"its text is blank), {rows}:2 (row 2 has no text (field 'text' is missing or null)) and 3 more"
     ]
-    assert list(gemma_embed.load(out)) == [f"{lines}:1", f"{lines}:4", f"{rows}:0", f"{table}:0"]
+    assert list(gemma_embed.load(out)) == [f"{lines}:0", f"{lines}:3", f"{rows}:0", f"{table}:0"]
     assert errors_file(out) == []
     summary = json.loads(proc.stdout.decode().splitlines()[-1])
     assert summary["passed_over"] == {"blank": 7} and summary["failed"] == 0
@@ -227,11 +227,11 @@ def test_blank_lines_and_cells_follow_one_rule_passed_over_or_failed_with_on_err
     proc = gemma_embed_cmd("text", *inputs, "--overwrite", "--on-error", "stop")
     stderr = proc.stderr.decode()
     assert proc.returncode == 1, stderr
-    assert lines_of(stderr, "error:") == [f"error: {lines}:2: lines 2 to 3 are blank"]
+    assert lines_of(stderr, "error:") == [f"error: {lines}:1: rows 1 to 2 are blank"]
     # Items before it are saved (and one encoded in the same batch may be); none of the tables' rows.
-    assert f"{lines}:1" in gemma_embed.load(out) and set(gemma_embed.load(out)) <= {f"{lines}:1", f"{lines}:4"}
+    assert f"{lines}:0" in gemma_embed.load(out) and set(gemma_embed.load(out)) <= {f"{lines}:0", f"{lines}:3"}
     assert errors_file(out) == [
-        {"key": f"{lines}:2", "stage": "find", "error": "blank", "message": "lines 2 to 3 are blank", "warnings": []}
+        {"key": f"{lines}:1", "stage": "find", "error": "blank", "message": "rows 1 to 2 are blank", "warnings": []}
     ]
 
 
@@ -264,7 +264,7 @@ def test_an_output_whose_items_nest_5000_deep_is_one_error_line_for_every_reader
     assert gemma_embed_cmd("text", lines, "--model", EG, "-o", out).returncode == 0
     with safe_open(str(out), "pt") as f:
         meta, tensors = f.metadata(), {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
-    meta["items"] = meta["items"].replace('"line": 1', '"line": ' + "[" * 5000 + "]" * 5000, 1)
+    meta["items"] = meta["items"].replace('"row": 0', '"row": ' + "[" * 5000 + "]" * 5000, 1)
     deep = tmp_path / "deep.safetensors"
     save_file(tensors, str(deep), metadata=meta)
     for command in (["inspect", deep], ["export", deep, "--to", "parquet"], ["search", deep, "one"]):

@@ -61,6 +61,15 @@ def test_every_failing_url_is_a_named_skip_with_its_status_or_reason_and_the_run
     failures = {r["key"]: r for r in map(json.loads, (root / "mixed.errors.jsonl").read_text().splitlines())}
     assert sorted(failures) == ["big", "broken", "cut", "missing", "not-a-url", "stalled"]
     assert {r["stage"] for k, r in failures.items() if k != "not-a-url"} == {"fetch"}
+    kinds = {key: record["error"] for key, record in failures.items()}  # what happened (errors.RECORD_KINDS)
+    assert kinds == {
+        "missing": "missing",
+        "broken": "fetch-failed",
+        "stalled": "fetch-failed",
+        "cut": "fetch-failed",
+        "big": "too-large",
+        "not-a-url": "unreadable",
+    }
     message = {key: record["message"] for key, record in failures.items()}
     assert message["missing"] == f"cannot fetch {server.url('status/404/a.jpg')}: HTTP 404 Not Found"
     assert (
@@ -73,7 +82,8 @@ def test_every_failing_url_is_a_named_skip_with_its_status_or_reason_and_the_run
         f"the body was cut short after {size // 2} bytes of the {size} declared (tried 2 times)"
     )
     assert f"over the {limit / 1024:.1f} KiB an item may have" in message["big"]
-    assert message["not-a-url"] == "row 7: 'file:///etc/passwd' is no http(s) URL (--url-column)"
+    table = root / "mixed.parquet"  # with --key-column, the row is told with its table, as every table row is
+    assert message["not-a-url"] == f"row 7 of {table}: 'file:///etc/passwd' is no http(s) URL (--url-column)"
     asked = server.asked
     assert asked["/status/404/a.jpg"] == 1 and asked["/status/500/b.jpg"] == 2  # 404 is final, 500 may pass
     assert all(f"error: {key}:" in err for key in failures)  # each named on stderr as well

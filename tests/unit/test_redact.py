@@ -48,7 +48,7 @@ def test_stderr_lines_and_failure_records_are_redacted(monkeypatch):
     from gemma_embed.terminal import printable
 
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "another-secret-value-1234")
-    error = ItemError(URLS[0], "fetch", f"cannot fetch {URLS[0]}: key another-secret-value-1234", "FetchError")
+    error = ItemError(URLS[0], "fetch", f"cannot fetch {URLS[0]}: key another-secret-value-1234", "fetch-failed")
     assert error.key == _expected(URLS[0])
     assert error.as_record()["message"] == f"cannot fetch {_expected(URLS[0])}: key {MASK}"
     assert printable(f"note: {URLS[1]}\n") == f"note: {_expected(URLS[1])}\\n"
