@@ -547,7 +547,7 @@ class RunConfig:
     )
     url_timeout: float = option(
         30.0,
-        "Seconds a URL may take to answer or to send more.",
+        "Seconds to wait on a URL (each read).",
         commands=MEDIA + PLAN,
         panel=ROBUSTNESS,
         check=positive,
@@ -556,7 +556,7 @@ class RunConfig:
     )
     url_retries: int = option(
         2,
-        "Retries of a URL that timed out or got 429/5xx.",
+        "Retries on a timeout, 429 or 5xx.",
         commands=MEDIA + PLAN,
         panel=ROBUSTNESS,
         check=at_least(0),

@@ -165,7 +165,7 @@ def run_images(inputs, model: Path, output: Path, stdin=None, **options) -> tupl
     from gemma_embed.pipeline import run
     from gemma_embed.progress import Reporter
 
-    options.setdefault("overwrite", True)
+    options.setdefault("overwrite", not options.get("resume", False))  # the two contradict each other
     options.setdefault("device", "cpu")
     config = RunConfig(
         modality=options.pop("modality", "images"),

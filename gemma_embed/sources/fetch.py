@@ -148,10 +148,18 @@ def _failed(source: Source, reason: str, kind: str) -> Source:
 # ------------------------------------------------------------------------------------------ the stage
 
 
+def _ready(waiting: Future | Source) -> bool:
+    return not isinstance(waiting, Future) or waiting.done()
+
+
 def fetch_ahead(sources: Iterable[Source], policy: FetchPolicy) -> Iterator[Source]:
     """The sources in input order, each remote whole file among them fetched (`fetched`) by `policy.threads`
     threads up to `policy.ahead` items and `policy.ahead_bytes` ahead of the consumer; other sources pass through
-    untouched. Threads are started only when the first remote item comes."""
+    untouched. Threads are started only when the first remote item comes.
+
+    More sources are taken only while the first one waiting is still being fetched: taking one may block (a list
+    of paths on a pipe whose writer pauses), and an item that is ready is passed on first, so `producer | gemma-embed
+    images -` embeds each path as it comes, as it did before this stage."""
     it = iter(sources)
     waiting: deque[Future | Source] = deque()
     pool: ThreadPoolExecutor | None = None
@@ -161,7 +169,9 @@ def fetch_ahead(sources: Iterable[Source], policy: FetchPolicy) -> Iterator[Sour
 
     try:
         while True:
-            while len(waiting) < policy.ahead and (not waiting or held() < policy.ahead_bytes):
+            while len(waiting) < policy.ahead and (
+                not waiting or not _ready(waiting[0]) and held() < policy.ahead_bytes
+            ):
                 source = next(it, None)
                 if source is None:
                     break

@@ -172,7 +172,7 @@ def test_a_family_registered_from_a_test_runs_end_to_end_through_the_cli(checkpo
     header = json.loads(shown.stdout)
     assert (header["model_type"], header["space"], header["dim"]) == (MODEL_TYPE, "retrieval", str(WIDTH))
     assert json.loads(header["preprocessing"]) == {"prompt": PROMPTS["document"]}
-    keys = [f"{corpus}:{number}" for number in range(1, len(LINES) + 1)]
+    keys = [f"{corpus}:{number}" for number in range(len(LINES))]
     assert header["keys"] == keys and [item["rows"] for item in header["items"]] == [1] * len(LINES)
 
     # A text query gets the family's query prompt (its Queries default); the scores are plain cosines.

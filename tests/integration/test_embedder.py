@@ -86,8 +86,8 @@ def test_encode_text_equals_the_text_command(tmp_path):
     assert code == 0
     written = gemma_embed.load(out)
     vectors = Embedder(EG2, device="cpu").encode(lines)
-    assert vectors.shape == (3, written[f"{source}:1"].shape[-1]) and vectors.dtype == np.float32
-    for number, vector in enumerate(vectors, start=1):
+    assert vectors.shape == (3, written[f"{source}:0"].shape[-1]) and vectors.dtype == np.float32
+    for number, vector in enumerate(vectors):  # keys count the file's lines from 0
         assert np.array_equal(vector, written[f"{source}:{number}"][0].numpy())
 
 
