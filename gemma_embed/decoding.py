@@ -55,7 +55,7 @@ def decode_and_prepare(
 
 def _decode_and_prepare(modality, source: Source, lookup: Lookup | None) -> Prepared:
     if source.error:
-        kind = source.kind or ("unreadable" if source.failed_at == "find" else "fetch")
+        kind = source.kind or ("unreadable" if source.failed_at == "find" else "fetch-failed")
         error = ItemError(source.key, source.failed_at, source.error, kind)
         error.count = source.meta.get("lines", 1)  # a run of blank lines: passed over as that many
         return Prepared(source, error=error)

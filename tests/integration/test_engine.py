@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import fail_chunks_above, record_batches, run_images
+from helpers import fail_chunks_above, record_batches, run_images, write_image
 
 import gemma_embed
 from gemma_embed.errors import DeviceError
@@ -68,3 +68,42 @@ def test_persistent_device_error_ends_the_run_keeping_saved_items(tmp_path, gemm
     monkeypatch.setattr(Gemma4VisionTower, "encode", original)
     code, records, err = run_images([image_dir], gemma4_dir, out, max_soft_tokens=70, resume=True)
     assert code == 0 and records[-1]["resumed"] == 2 and records[-1]["ok"] == len(gemma_embed.load(out))
+
+
+def test_the_first_batch_is_encoded_before_a_whole_window_is_decoded(tmp_path, gemma4_dir, monkeypatch):
+    """Issue 34, goal 1: the first window is one batch, so the first records do not wait for WINDOW_BATCHES
+    batches' worth of decoding; later windows are full. Before, 12 images at --batch-size 2 decoded 6 (a window
+    of 4 batches in the making) before the first encode."""
+    from gemma_embed import decoding
+    from gemma_embed.engine import WINDOW_BATCHES
+
+    folder = tmp_path / "same-size"
+    folder.mkdir()
+    for seed in range(12):
+        write_image(folder / f"{seed:02d}.png", 96, 64, seed)
+    events: list[str] = []
+    decode = decoding.decode_and_prepare
+
+    def counted_decode(*args, **kwargs):
+        prepared = decode(*args, **kwargs)
+        events.append("decode")
+        return prepared
+
+    encode = Gemma4VisionTower.encode
+
+    def counted_encode(self, units, space):
+        events.append("encode")
+        return encode(self, units, space)
+
+    monkeypatch.setattr(decoding, "decode_and_prepare", counted_decode)
+    monkeypatch.setattr(Gemma4VisionTower, "encode", counted_encode)
+    options = {"max_soft_tokens": 70, "batch_size": 2, "workers": 2}
+    code, records, _ = run_images([folder], gemma4_dir, tmp_path / "o.safetensors", **options)
+    assert code == 0 and records[-1]["ok"] == 12
+    first_encode = events.index("encode")
+    # The window being built is decoded, and at most 2 x --workers items are in flight: 4, not 4 batches' 8.
+    assert first_encode <= 2 * options["workers"] < WINDOW_BATCHES["exact"] * options["batch_size"], events
+    reference = tmp_path / "reference.safetensors"
+    assert run_images([folder], gemma4_dir, reference, max_soft_tokens=70, batch_size=1)[0] == 0
+    ours, theirs = gemma_embed.load(tmp_path / "o.safetensors"), gemma_embed.load(reference)
+    assert list(ours) == list(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
