@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gemma_embed.locations import Location, location
-from gemma_embed.memory import BudgetSpec, parse_budget
+from gemma_embed.memory.planner import BudgetSpec, parse_budget
 
 DEFAULT_MODEL = "google/gemma-4-e2b-it"  # the media commands' default checkpoint
 DEFAULT_TEXT_MODEL = "google/embeddinggemma-300m"  # text's: an embedding checkpoint
@@ -205,10 +205,10 @@ class Collection:
             return self
         import psutil
 
-        from gemma_embed import memory
+        from gemma_embed.memory import readings
 
         host = psutil.virtual_memory()
-        free, total = memory.host_memory(host.available, host.total, *memory.cgroup_memory())
+        free, total = readings.host_memory(host.available, host.total, *readings.cgroup_memory())
         return dataclasses.replace(self, max_item_bytes=default_item_bytes(free, total, self.memory_budget))
 
 
@@ -222,11 +222,11 @@ ITEM_BYTES_FLOOR = 256 << 20
 
 
 def default_item_bytes(free: int, total: int, spec: BudgetSpec = BudgetSpec()) -> int:
-    """The largest item read by default: a quarter of the memory budget applied to host memory (`memory.budget`:
+    """The largest item read by default: a quarter of the memory budget applied to host memory (`planner.budget`:
     min(free/2, total/10), or --memory-budget capped at what is free), at least ITEM_BYTES_FLOOR."""
-    from gemma_embed import memory
+    from gemma_embed.memory import planner
 
-    return max(ITEM_BYTES_FLOOR, memory.budget(free, total, spec) // ITEM_BUDGET_SHARE)
+    return max(ITEM_BYTES_FLOOR, planner.budget(free, total, spec) // ITEM_BUDGET_SHARE)
 
 
 def parse_text_bytes(value: str | int | None) -> int:
@@ -236,7 +236,7 @@ def parse_text_bytes(value: str | int | None) -> int:
 
 
 def parse_item_bytes(value: str | int | None) -> int | None:
-    """--max-item-bytes: '2GiB', '512MiB', '1.5GB' (memory.parse_budget's units) or a number of bytes -> bytes;
+    """--max-item-bytes: '2GiB', '512MiB', '1.5GB' (planner.parse_budget's units) or a number of bytes -> bytes;
     None or 'auto' -> None (the default from memory)."""
     if value is None or isinstance(value, int):
         if value is not None and value <= 0:

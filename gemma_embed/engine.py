@@ -15,12 +15,14 @@ from dataclasses import dataclass
 
 import torch
 
-from gemma_embed import hostmem, memory, numerics
+from gemma_embed import numerics
 from gemma_embed.batching import Group, exact_buckets, padded_buckets, padded_length
 from gemma_embed.cpu_threads import CpuThreads
 from gemma_embed.device import DeviceOps
 from gemma_embed.errors import DeviceError, ItemError
+from gemma_embed.memory import allocator, planner
 from gemma_embed.models.base import PreparedItem, Tower, Unit
+from gemma_embed.sizes import human_bytes
 from gemma_embed.tuning import CPU_START, BatchTuner
 
 ItemRows = torch.Tensor | ItemError  # an item's (or unit's) rows on the CPU, or why it has none
@@ -74,7 +76,7 @@ class Engine:
         self,
         tower: Tower,
         space: str,
-        budget_spec: memory.BudgetSpec = memory.BudgetSpec(),
+        budget_spec: planner.BudgetSpec = planner.BudgetSpec(),
         batch_cap: int | None = None,
         reporter=None,
         should_stop=None,
@@ -114,8 +116,8 @@ class Engine:
         """Chunk size for units of this length, from the device's memory as it is now."""
         free, total = self.device_ops.memory()
         cost = int(self.tower.unit_cost(length) * self.cost_scale)
-        budget = memory.budget(free, total, self.budget_spec)
-        return ChunkPlan(length, cost, free, total, budget, memory.chunk_size(cost, budget, self.batch_cap))
+        budget = planner.budget(free, total, self.budget_spec)
+        return ChunkPlan(length, cost, free, total, budget, planner.chunk_size(cost, budget, self.batch_cap))
 
     def grouping(self) -> Callable[[list[int]], list[Group]]:
         """How units may share a batch: equal lengths only (vision), or equal rungs of the padding ladder (text,
@@ -152,8 +154,9 @@ class Engine:
         self._peak = max(self._peak, ops.peak() or 0)
         ops.reset_peak()
         before = ops.allocated()
-        # On the CPU the forward's activations are host memory: reused from the heap, not faulted in (hostmem.py).
-        heap = hostmem.heap_only() if self.tower.device.type == "cpu" else contextlib.nullcontext()
+        # On the CPU the forward's activations are host memory: reused from the heap, not faulted in
+        # (memory/allocator.py).
+        heap = allocator.heap_only() if self.tower.device.type == "cpu" else contextlib.nullcontext()
         # Kernels aligned so that the thread count (which follows the machine's load) never changes a byte.
         with heap, torch.inference_mode(), numerics.aligned(self.tower.device):
             on_device = self.tower.encode(batch, self.space)
@@ -275,8 +278,8 @@ class Engine:
         if self.budget_spec.explicit and plan.cost_per_unit > plan.budget and not self._warned:
             self._warned = True
             self.reporter.warning(
-                f"--memory-budget allows {memory.human_bytes(plan.budget)}, but one unit of length "
-                f"{plan.length} needs {memory.human_bytes(plan.cost_per_unit)}: units run one at a time, over "
+                f"--memory-budget allows {human_bytes(plan.budget)}, but one unit of length "
+                f"{plan.length} needs {human_bytes(plan.cost_per_unit)}: units run one at a time, over "
                 f"the budget"
             )
 
@@ -323,8 +326,8 @@ class Engine:
         return ItemError(
             key,
             "encode",
-            f"needs about {memory.human_bytes(cost)} of {self.tower.device} memory to encode alone ({unit.length} "
-            f"{unit_name}), more than the {memory.human_bytes(free)} free: not encoded"
+            f"needs about {human_bytes(cost)} of {self.tower.device} memory to encode alone ({unit.length} "
+            f"{unit_name}), more than the {human_bytes(free)} free: not encoded"
             + (" (--max-text-bytes cuts texts shorter)" if unit_name == "tokens" else ""),
             "too-large",
         )

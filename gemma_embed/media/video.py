@@ -27,9 +27,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from gemma_embed import hostmem, memory
 from gemma_embed.locations import location
 from gemma_embed.media import MAX_PIXELS, OPEN_TIMEOUT_S, as_file, ffmpeg_extensions, refuse_nothing_to_decode
+from gemma_embed.memory import decode_peaks, decode_room
 
 # Seconds one file may spend in probing + decoding before it is given up (pathological or huge files).
 DECODE_TIME_LIMIT_S = 300.0
@@ -467,7 +467,7 @@ def decode_video(
             f"{len(wanted)} frames of {width}x{height} exceed {MAX_DECODED_BYTES >> 30} GiB; "
             f"sample fewer (--max-frames)"
         )
-    hostmem.admit(memory.video_decode_peak(len(wanted), width, height))  # in a run: waits for room to decode
+    decode_room.admit(decode_peaks.video_decode_peak(len(wanted), width, height))  # in a run: waits for room to decode
     frames, rotation, times, seeks, decoded = _decode_wanted(content, table, wanted, deadline)
     try:
         stacked = np.stack([frames[i] for i in wanted])
