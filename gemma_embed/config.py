@@ -3,8 +3,8 @@ the commands that take it, the check its value must pass, and the part of a run 
 
 `RunConfig` is what the library reads; `InspectionOptions` holds the options only the commands that read outputs
 (and `models`) take. `cli.py` builds each command's parameters from these fields, so a new option is one field
-here plus the code that uses it; an option's `stage` decides whether it is part of a command's stages
-(`stage_options()`, the route key of `embedder.STAGE_OPTIONS`). Enums and defaults live here and nowhere else.
+here plus the code that uses it; an option's `stage` decides whether it is part of the key of a command's stages
+(`stage_options()`, `embedder.STAGE_OPTIONS`). Enums and defaults live here and nowhere else.
 """
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ PANELS = (INPUT, MODEL, RETRIEVAL, OUTPUT, PERFORMANCE, ROBUSTNESS, SERVER)
 STAGES = ("command", "find", "load", "decode", "prepare", "encode", "pool", "write", "run")
 COMMAND, FIND, LOAD, DECODE, PREPARE, ENCODE, POOL, WRITE, RUN = STAGES
 # The parts `Embedder.command` builds for a command (its decoder, preparer, chain of towers with their engines, the
-# pools it allows): an option of one of them gives the command other stages, so a route is kept per its value.
+# pools it allows): an option of one of them gives the command other stages, so they are kept per its value.
 ROUTE_STAGES = (DECODE, PREPARE, ENCODE, POOL)
 
 
@@ -1039,7 +1039,7 @@ def declared_options(command: str, tables: tuple = OPTION_TABLES) -> list[tuple[
 
 def stage_options() -> tuple[str, ...]:
     """The RunConfig fields that change a command's stages (their `Option.stage` is one `Embedder.command` builds):
-    the route's key besides the command."""
+    the key of a command's stages (`Embedder.command`) besides the command."""
     return tuple(
         f.name
         for f in dataclasses.fields(RunConfig)

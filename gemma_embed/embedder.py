@@ -34,8 +34,8 @@ OVERLAP_ON_CPU = False
 # reported) within seconds of the start, and a stop loses little, while a GPU still gets full buckets.
 WINDOW_SECONDS = 4.0
 # What a command's stages depend on besides the checkpoint: a change in any of them is another set of stages. The
-# options whose `Option.stage` is one the route builds (config.ROUTE_STAGES); tests/integration/test_stage_options.py
-# checks them against the fields a route's building reads.
+# options whose `Option.stage` is one `Embedder.command` builds (config.ROUTE_STAGES);
+# tests/integration/test_stage_options.py checks them against the fields building a command's stages reads.
 STAGE_OPTIONS = stage_options()
 
 

@@ -28,10 +28,13 @@ from gemma_embed.tuning import CPU_START, BatchTuner
 ItemRows = torch.Tensor | ItemError  # an item's (or unit's) rows on the CPU, or why it has none
 RowsCallback = Callable[[int, ItemRows], None]
 
-# A decode window holds at least this many batches' work, by grouping: only one batch in a window is a short
-# remainder, and ragged units sorted together pad less. Computed for the text benchmark's 600 mixed lines
-# (bench_text.py, 4096-token batches): 11.3% padding in 31 batches with windows of 4 batches' tokens, 7.0% in 19
-# with 16 (as with the whole corpus in one window). A prepared text or clip is small; an image's pixels are not.
+# A decode window holds at least this many batches' work: each group of a window (one exact length, or one rung of
+# the padding ladder) ends in a short remainder batch, and ragged units spread over many rungs. A unit's padding is
+# its rung's whatever the window (batching.padded_length), so a larger window only saves batches. Computed with
+# batching.padded_buckets over the token lengths of the text benchmark's 600 mixed lines (bench_text.py, the tiny
+# tokenizer, 4096-token batches): 68 batches with windows of 4 batches' tokens, 25 with 16 (as with the whole corpus
+# in one window; 12 would hold it), 8.0% padding in both. A prepared text or clip is small; an image's pixels are
+# not.
 WINDOW_BATCHES = {"exact": 4, "ragged": 16}
 
 
@@ -98,14 +101,14 @@ class Engine:
         start = CPU_START if tower.device.type == "cpu" else None
         self.tuner = BatchTuner(start=start, unit=unit) if batch_cap is None else None
         self.backoffs = 0
-        # On a CPU: the forwards' thread count, which follows the cores other work leaves (shared by a route's
+        # On a CPU: the forwards' thread count, which follows the cores other work leaves (shared by a command's
         # engines); a change of it is a change of conditions for the tuner's comparison under way.
         self.cpu_threads = cpu_threads
         self._thread_changes = 0
         self.should_stop = should_stop or (lambda: None)  # raises to stop between chunks
         self.work_done = 0  # units' length encoded, after the first chunk
         self.work_seconds = 0.0
-        self.real_work = 0  # every batch's units' lengths summed, and the same padded to each batch's longest
+        self.real_work = 0  # every batch's units' lengths summed, and the same at the length the batch computes at
         self.padded_work = 0
         self._warm = False
         self._warned = False  # the budget-below-one-unit warning was given

@@ -8,8 +8,9 @@ How a file is read:
    to. A table shorter than the header's frame count or duration means the file is truncated.
 2. `sample_frame_indices`: the checkpoint video processor's policy (uniform `num_frames`, or `fps`), except
    that a clip shorter than the request gives all its frames instead of transformers' ValueError.
-3. `decode_frames`: decode up to the last sampled frame only, seeking to a keyframe when that skips enough
-   frames to pay for the seek; a frame table that disagrees with the decoder falls back to counting frames.
+3. `_decode_wanted`: decode up to the last sampled frame only, seeking to a keyframe when that skips enough
+   frames to pay for the seek (`_decode_by_table`); a frame table that disagrees with the decoder falls back to
+   counting frames (`_decode_by_count`).
 4. Rotation metadata (the display matrix) is applied, as players do.
 
 Every failure raises VideoDecodeError with a one-line reason; a wall-clock limit bounds each file. A video's bytes

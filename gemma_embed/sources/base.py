@@ -65,7 +65,7 @@ class Source:
 
 def row_place(source: Source) -> str | None:
     """`row 3 of FILE` for a table's row keyed by its --key-column value (a key that does not name the file), so
-    that a line about it says where it is; None where the key says it (FILE:ROW, FILE:LINE, a path)."""
+    that a line about it says where it is; None where the key says it (FILE:ROW, a path)."""
     row = source.meta.get("row")
     if row is None or source.key.endswith(f":{row}"):
         return None
