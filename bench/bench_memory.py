@@ -25,7 +25,7 @@ from memory_helpers import ROOT, cli_peak, decode_peaks, write_flat_png
 from torch.profiler import ProfilerActivity, profile
 
 from bench.common import Timer
-from gemma_embed.memory import parse_budget
+from gemma_embed.memory.planner import parse_budget
 from gemma_embed.models.gemma4 import vision_item_cost
 
 MODEL = ROOT / "samples" / "tiny-gemma4"

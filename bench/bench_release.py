@@ -184,10 +184,10 @@ def child_bare(ckpt: str, folder: str, budget: str, dtype: str, device: str) -> 
 
 
 def child_ours(ckpt: str, folder: str, budget: str, dtype: str, device: str, out: str) -> dict:
-    """gemma-embed through its library entry, with the host-memory settings its CLI makes (hostmem.py)."""
+    """gemma-embed through its library entry, with the host-memory settings its CLI makes (memory/allocator.py)."""
 
     from gemma_embed.config import RunConfig
-    from gemma_embed.hostmem import configure_for_long_runs
+    from gemma_embed.memory.allocator import configure_for_long_runs
 
     limit = matmul_rate(_torch_dtype("float32" if dtype == "auto" else dtype), device)  # before the settings below
     configure_for_long_runs()  # (pinned, each product's output would be a fresh mmap faulted in)

@@ -134,13 +134,13 @@ def report(budget: int, result, recorder: Recorder) -> bool:
 
 
 def allocator_state(device: str) -> None:
-    from gemma_embed import memory
+    from gemma_embed.memory import readings
 
     if torch.device(device).type != "cuda":
         return
     driver_free, total = torch.cuda.mem_get_info(device)
     reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
-    planner_free, _ = memory.device_memory(device)
+    planner_free, _ = readings.device_memory(device)
     print(
         f"allocator after the runs: driver free {human(driver_free)} of {human(total)}, reserved {human(reserved)}, "
         f"allocated {human(allocated)}; the planner counts {human(planner_free)} free (driver free + reserved - "

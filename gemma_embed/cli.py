@@ -266,11 +266,11 @@ def _require_input(config: RunConfig) -> None:
 
 def _embed(config: RunConfig) -> None:
     from gemma_embed.distributed import writer_lock
-    from gemma_embed.hostmem import configure_for_long_runs
+    from gemma_embed.memory.allocator import configure_for_long_runs
     from gemma_embed.progress import Reporter
 
     _require_input(config)
-    configure_for_long_runs()  # flat peak memory over long runs, CPU forwards without page faults (hostmem.py)
+    configure_for_long_runs()  # flat peak memory over long runs, CPU forwards without page faults (memory/allocator.py)
     reporter = Reporter(quiet=config.quiet, jsonl=config.jsonl, debug=config.debug)
     # The output's lock before the pipeline imports torch (seconds on a busy machine): a second run into a busy
     # output fails at once. `run` takes it again (re-entrant) for library callers.

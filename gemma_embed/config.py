@@ -3,8 +3,8 @@ the commands that take it, the check its value must pass, and the part of a run 
 
 `RunConfig` is what the library reads; `InspectionOptions` holds the options only the commands that read outputs
 (and `models`) take. `cli.py` builds each command's parameters from these fields, so a new option is one field
-here plus the code that uses it; an option's `stage` decides whether it is part of a command's stages
-(`stage_options()`, the route key of `embedder.STAGE_OPTIONS`). Enums and defaults live here and nowhere else.
+here plus the code that uses it; an option's `stage` decides whether it is part of the key of a command's stages
+(`stage_options()`, `embedder.STAGE_OPTIONS`). Enums and defaults live here and nowhere else.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gemma_embed.locations import Location, location
-from gemma_embed.memory import BudgetSpec, parse_budget
+from gemma_embed.memory.planner import BudgetSpec, parse_budget
 
 DEFAULT_MODEL = "google/gemma-4-e2b-it"  # the media commands' default checkpoint
 DEFAULT_TEXT_MODEL = "google/embeddinggemma-300m"  # text's: an embedding checkpoint
@@ -205,10 +205,10 @@ class Collection:
             return self
         import psutil
 
-        from gemma_embed import memory
+        from gemma_embed.memory import readings
 
         host = psutil.virtual_memory()
-        free, total = memory.host_memory(host.available, host.total, *memory.cgroup_memory())
+        free, total = readings.host_memory(host.available, host.total, *readings.cgroup_memory())
         return dataclasses.replace(self, max_item_bytes=default_item_bytes(free, total, self.memory_budget))
 
 
@@ -222,11 +222,11 @@ ITEM_BYTES_FLOOR = 256 << 20
 
 
 def default_item_bytes(free: int, total: int, spec: BudgetSpec = BudgetSpec()) -> int:
-    """The largest item read by default: a quarter of the memory budget applied to host memory (`memory.budget`:
+    """The largest item read by default: a quarter of the memory budget applied to host memory (`planner.budget`:
     min(free/2, total/10), or --memory-budget capped at what is free), at least ITEM_BYTES_FLOOR."""
-    from gemma_embed import memory
+    from gemma_embed.memory import planner
 
-    return max(ITEM_BYTES_FLOOR, memory.budget(free, total, spec) // ITEM_BUDGET_SHARE)
+    return max(ITEM_BYTES_FLOOR, planner.budget(free, total, spec) // ITEM_BUDGET_SHARE)
 
 
 def parse_text_bytes(value: str | int | None) -> int:
@@ -236,7 +236,7 @@ def parse_text_bytes(value: str | int | None) -> int:
 
 
 def parse_item_bytes(value: str | int | None) -> int | None:
-    """--max-item-bytes: '2GiB', '512MiB', '1.5GB' (memory.parse_budget's units) or a number of bytes -> bytes;
+    """--max-item-bytes: '2GiB', '512MiB', '1.5GB' (planner.parse_budget's units) or a number of bytes -> bytes;
     None or 'auto' -> None (the default from memory)."""
     if value is None or isinstance(value, int):
         if value is not None and value <= 0:
@@ -273,7 +273,7 @@ PANELS = (INPUT, MODEL, RETRIEVAL, OUTPUT, PERFORMANCE, ROBUSTNESS, SERVER)
 STAGES = ("command", "find", "load", "decode", "prepare", "encode", "pool", "write", "run")
 COMMAND, FIND, LOAD, DECODE, PREPARE, ENCODE, POOL, WRITE, RUN = STAGES
 # The parts `Embedder.command` builds for a command (its decoder, preparer, chain of towers with their engines, the
-# pools it allows): an option of one of them gives the command other stages, so a route is kept per its value.
+# pools it allows): an option of one of them gives the command other stages, so they are kept per its value.
 ROUTE_STAGES = (DECODE, PREPARE, ENCODE, POOL)
 
 
@@ -1039,7 +1039,7 @@ def declared_options(command: str, tables: tuple = OPTION_TABLES) -> list[tuple[
 
 def stage_options() -> tuple[str, ...]:
     """The RunConfig fields that change a command's stages (their `Option.stage` is one `Embedder.command` builds):
-    the route's key besides the command."""
+    the key of a command's stages (`Embedder.command`) besides the command."""
     return tuple(
         f.name
         for f in dataclasses.fields(RunConfig)

@@ -35,8 +35,9 @@ PROC_STAT = Path("/proc/stat")
 # 2 CPUs, 6.4 s on 32), and never less than MIN_SPAN_S.
 ROUNDING_CORES = 0.1
 MIN_SPAN_S = 0.2
-# The first span starts at the package's import (`IMPORTED`), or at the route's creation, unless that sample is
-# older than this: what other work did before a Python caller's earlier call says little about now.
+# The first span starts at this module's import (`IMPORTED`) unless that sample is older than this, else when the
+# command's `CpuThreads` is made; a stream (`running()`) starts a new span when the last sample is older than this:
+# what other work did before a Python caller's earlier call says little about now.
 STALE_S = 10.0
 # /proc/stat's fields after the name: user nice system idle iowait irq softirq steal (guest is inside user).
 # Steal is time a hypervisor gave this CPU to someone else: not free for us either.
@@ -95,16 +96,18 @@ def sample_now(cpus: frozenset[int]) -> Sample | None:
     return None if busy is None else Sample(time.monotonic(), busy, time.process_time())
 
 
-# The package is imported seconds before a command's first batch (torch, transformers and the checkpoint load in
-# between), so a span from here lets the first batch's count be measured too: from the route's creation alone,
-# a small model's first batch ran at 2 threads beside a busy process (0.3 s of loading, under `min_span_s`).
+# This module is imported with the embedder, seconds before a command's first batch (torch, transformers and the
+# checkpoint load in between), so a span from here lets the first batch's count be measured too: from the count's
+# creation alone, a small model's first batch ran at 2 threads beside a busy process (0.3 s of loading, under
+# `min_span_s`).
 IMPORTED = sample_now(affinity())
 
 
 class CpuThreads:
-    """The intra-op thread count of one route's CPU forwards (`--cpu-threads`: None for auto, or fixed).
+    """The intra-op thread count of one command's CPU forwards (`--cpu-threads`: None for auto, or fixed), shared by
+    its engines.
 
-    Measuring starts when the package was imported (or, if that is over `STALE_S` ago, when it is made), and
+    Measuring starts when this module was imported (or, if that is over `STALE_S` ago, when it is made), and
     again with `running()`, which wraps each stream, when the start is over `STALE_S` ago. The caller's count
     comes back when a stream ends. `before_batch()` runs in the encode thread before each batch and may change the
     count there. `changes` counts the changes, so a batch tuner can tell that the rates it compares were measured

@@ -8,8 +8,9 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from gemma_embed import capture, hostmem
+from gemma_embed import capture
 from gemma_embed.errors import ItemError
+from gemma_embed.memory import decode_room
 from gemma_embed.models.base import PreparedItem
 from gemma_embed.sources import Source
 from gemma_embed.sources.base import row_place
@@ -125,11 +126,11 @@ def prepared_stream(
     prepared tensors, and closed early once `enough_work(units, work)` says the window's units and their
     summed length (patches, frames) are enough for the device for now, so the first items leave early.
 
-    With `host_budget` (bytes: the decode side's share, `memory.host_plan`), the items decoding and the prepared
+    With `host_budget` (bytes: the decode side's share, `planner.host_plan`), the items decoding and the prepared
     items not yet done with fit in it: each decoder says its item's estimated peak once it has read the header
-    (`hostmem.admit`), and the worker waits until that fits (`hostmem.DecodeRoom`, in input order). When the next
-    item waits for room that only this window holds, the window is handed on early; an item larger than the whole
-    budget decodes alone. A window is done with when its consumer asks for the next one.
+    (`decode_room.admit`), and the worker waits until that fits (`decode_room.DecodeRoom`, in input order). When the
+    next item waits for room that only this window holds, the window is handed on early; an item larger than the
+    whole budget decodes alone. A window is done with when its consumer asks for the next one.
 
     With `fetch`, remote whole files are fetched ahead by the fetch stage (sources/fetch.py), in its own threads,
     whether or not decoding overlaps the encode: waiting on the network takes no core from the encode.
@@ -154,11 +155,11 @@ def prepared_stream(
         torch.set_num_threads(threads)  # the default for later threads, which a decode thread's setup changed
 
 
-def _decode_in_room(room: hostmem.DecodeRoom, ticket: int, modality, source: Source, lookup) -> Prepared:
-    """`decode_and_prepare` as item `ticket` of the room: what its decoder asks for (`hostmem.admit`) is held
+def _decode_in_room(room: decode_room.DecodeRoom, ticket: int, modality, source: Source, lookup) -> Prepared:
+    """`decode_and_prepare` as item `ticket` of the room: what its decoder asks for (`decode_room.admit`) is held
     while it decodes, then its prepared bytes until its window is done with."""
     prepared = None
-    with hostmem.decode_slot(room, ticket) as slot:
+    with decode_room.decode_slot(room, ticket) as slot:
         try:
             prepared = decode_and_prepare(modality, source, lookup)
         finally:
@@ -171,7 +172,7 @@ def _windows(modality, sources, workers, window_items, window_bytes, lookup, ove
     inflight: deque = deque()
     seen_items, seen_bytes = 0, 0
     window: list[Prepared] = []
-    room = hostmem.DecodeRoom(host_budget) if host_budget is not None else None
+    room = decode_room.DecodeRoom(host_budget) if host_budget is not None else None
     tickets = itertools.count()
     with ThreadPoolExecutor(
         max_workers=max(1, workers), thread_name_prefix="decode", initializer=one_intra_op_thread
@@ -202,8 +203,8 @@ def _windows(modality, sources, workers, window_items, window_bytes, lookup, ove
                 return
             if not overlap:
                 # Encoding on the CPU: no decode runs beside it. It would take the cores the encode's threads spin
-                # on, and inside the encode's heap_only() forwards (hostmem.py) its large blocks would come from
-                # the heap and stay there: measured, four 4000x4000 PNGs peaked at two images' worth above the
+                # on, and inside the encode's heap_only() forwards (memory/allocator.py) its large blocks would come
+                # from the heap and stay there: measured, four 4000x4000 PNGs peaked at two images' worth above the
                 # loaded process instead of one.
                 room.pause()
             yield window

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from gemma_embed import memory
 from gemma_embed.config import Dtype
 from gemma_embed.errors import UsageError
+from gemma_embed.memory import readings
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -160,7 +160,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 class DeviceOps:
     """What the engine asks of the device it runs on. This base class is a device without allocator statistics
-    (the CPU, and MPS): memory from `memory.device_memory`, no peaks, nothing cached to release."""
+    (the CPU, and MPS): memory from `readings.device_memory`, no peaks, nothing cached to release."""
 
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
@@ -177,7 +177,7 @@ class DeviceOps:
     def memory(self) -> tuple[int, int]:
         """(free, total) bytes a chunk may plan with now; free includes what the allocator caches but no tensor
         uses."""
-        return memory.device_memory(self.device)
+        return readings.device_memory(self.device)
 
     def allocated(self) -> int | None:
         """Bytes held by live tensors now; None where the device keeps no statistics."""

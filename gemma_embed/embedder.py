@@ -34,8 +34,8 @@ OVERLAP_ON_CPU = False
 # reported) within seconds of the start, and a stop loses little, while a GPU still gets full buckets.
 WINDOW_SECONDS = 4.0
 # What a command's stages depend on besides the checkpoint: a change in any of them is another set of stages. The
-# options whose `Option.stage` is one the route builds (config.ROUTE_STAGES); tests/integration/test_stage_options.py
-# checks them against the fields a route's building reads.
+# options whose `Option.stage` is one `Embedder.command` builds (config.ROUTE_STAGES);
+# tests/integration/test_stage_options.py checks them against the fields building a command's stages reads.
 STAGE_OPTIONS = stage_options()
 
 
@@ -55,7 +55,7 @@ class CommandEngines:
 
     stages: ModalityStages
     engines: list
-    host: Any = None  # memory.HostPlan: the host's memory shared out (model, decode side, encode on a CPU)
+    host: Any = None  # planner.HostPlan: the host's memory shared out (model, decode side, encode on a CPU)
     loaded: bool = False
     cpu_threads: Any = None  # cpu_threads.CpuThreads of the engines' forwards on a CPU; None on an accelerator
 
@@ -216,16 +216,16 @@ class Embedder:
         return self._commands[key]
 
     def _host_plan(self, stages: ModalityStages):
-        """How host memory is shared out (memory.host_plan): on a CPU the host is the device, so the towers'
+        """How host memory is shared out (planner.host_plan): on a CPU the host is the device, so the towers'
         weights, the decode side and the encode's chunks share one budget; read now (after loading, the model's
         weights are part of what is used)."""
-        from gemma_embed import memory
+        from gemma_embed.memory import planner, readings
 
         on_cpu = self.device.type == "cpu"
         towers = {id(t): t for t in stages.towers}.values()
         model = sum(t.weight_bytes() for t in towers) if on_cpu else 0
-        free, total = memory.device_memory("cpu")
-        return memory.host_plan(free, total, self.config.memory_budget, model, host_is_device=on_cpu)
+        free, total = readings.device_memory("cpu")
+        return planner.host_plan(free, total, self.config.memory_budget, model, host_is_device=on_cpu)
 
     def stages(self, modality: str | Modality, **options: Any) -> ModalityStages:
         return self.command(modality, **options).stages

@@ -15,21 +15,26 @@ from dataclasses import dataclass
 
 import torch
 
-from gemma_embed import hostmem, memory, numerics
+from gemma_embed import numerics
 from gemma_embed.batching import Group, exact_buckets, padded_buckets, padded_length
 from gemma_embed.cpu_threads import CpuThreads
 from gemma_embed.device import DeviceOps
 from gemma_embed.errors import DeviceError, ItemError
+from gemma_embed.memory import allocator, planner
 from gemma_embed.models.base import PreparedItem, Tower, Unit
+from gemma_embed.sizes import human_bytes
 from gemma_embed.tuning import CPU_START, BatchTuner
 
 ItemRows = torch.Tensor | ItemError  # an item's (or unit's) rows on the CPU, or why it has none
 RowsCallback = Callable[[int, ItemRows], None]
 
-# A decode window holds at least this many batches' work, by grouping: only one batch in a window is a short
-# remainder, and ragged units sorted together pad less. Computed for the text benchmark's 600 mixed lines
-# (bench_text.py, 4096-token batches): 11.3% padding in 31 batches with windows of 4 batches' tokens, 7.0% in 19
-# with 16 (as with the whole corpus in one window). A prepared text or clip is small; an image's pixels are not.
+# A decode window holds at least this many batches' work: each group of a window (one exact length, or one rung of
+# the padding ladder) ends in a short remainder batch, and ragged units spread over many rungs. A unit's padding is
+# its rung's whatever the window (batching.padded_length), so a larger window only saves batches. Computed with
+# batching.padded_buckets over the token lengths of the text benchmark's 600 mixed lines (bench_text.py, the tiny
+# tokenizer, 4096-token batches): 68 batches with windows of 4 batches' tokens, 25 with 16 (as with the whole corpus
+# in one window; 12 would hold it), 8.0% padding in both. A prepared text or clip is small; an image's pixels are
+# not.
 WINDOW_BATCHES = {"exact": 4, "ragged": 16}
 
 
@@ -74,7 +79,7 @@ class Engine:
         self,
         tower: Tower,
         space: str,
-        budget_spec: memory.BudgetSpec = memory.BudgetSpec(),
+        budget_spec: planner.BudgetSpec = planner.BudgetSpec(),
         batch_cap: int | None = None,
         reporter=None,
         should_stop=None,
@@ -96,14 +101,14 @@ class Engine:
         start = CPU_START if tower.device.type == "cpu" else None
         self.tuner = BatchTuner(start=start, unit=unit) if batch_cap is None else None
         self.backoffs = 0
-        # On a CPU: the forwards' thread count, which follows the cores other work leaves (shared by a route's
+        # On a CPU: the forwards' thread count, which follows the cores other work leaves (shared by a command's
         # engines); a change of it is a change of conditions for the tuner's comparison under way.
         self.cpu_threads = cpu_threads
         self._thread_changes = 0
         self.should_stop = should_stop or (lambda: None)  # raises to stop between chunks
         self.work_done = 0  # units' length encoded, after the first chunk
         self.work_seconds = 0.0
-        self.real_work = 0  # every batch's units' lengths summed, and the same padded to each batch's longest
+        self.real_work = 0  # every batch's units' lengths summed, and the same at the length the batch computes at
         self.padded_work = 0
         self._warm = False
         self._warned = False  # the budget-below-one-unit warning was given
@@ -114,8 +119,8 @@ class Engine:
         """Chunk size for units of this length, from the device's memory as it is now."""
         free, total = self.device_ops.memory()
         cost = int(self.tower.unit_cost(length) * self.cost_scale)
-        budget = memory.budget(free, total, self.budget_spec)
-        return ChunkPlan(length, cost, free, total, budget, memory.chunk_size(cost, budget, self.batch_cap))
+        budget = planner.budget(free, total, self.budget_spec)
+        return ChunkPlan(length, cost, free, total, budget, planner.chunk_size(cost, budget, self.batch_cap))
 
     def grouping(self) -> Callable[[list[int]], list[Group]]:
         """How units may share a batch: equal lengths only (vision), or equal rungs of the padding ladder (text,
@@ -152,8 +157,9 @@ class Engine:
         self._peak = max(self._peak, ops.peak() or 0)
         ops.reset_peak()
         before = ops.allocated()
-        # On the CPU the forward's activations are host memory: reused from the heap, not faulted in (hostmem.py).
-        heap = hostmem.heap_only() if self.tower.device.type == "cpu" else contextlib.nullcontext()
+        # On the CPU the forward's activations are host memory: reused from the heap, not faulted in
+        # (memory/allocator.py).
+        heap = allocator.heap_only() if self.tower.device.type == "cpu" else contextlib.nullcontext()
         # Kernels aligned so that the thread count (which follows the machine's load) never changes a byte.
         with heap, torch.inference_mode(), numerics.aligned(self.tower.device):
             on_device = self.tower.encode(batch, self.space)
@@ -275,8 +281,8 @@ class Engine:
         if self.budget_spec.explicit and plan.cost_per_unit > plan.budget and not self._warned:
             self._warned = True
             self.reporter.warning(
-                f"--memory-budget allows {memory.human_bytes(plan.budget)}, but one unit of length "
-                f"{plan.length} needs {memory.human_bytes(plan.cost_per_unit)}: units run one at a time, over "
+                f"--memory-budget allows {human_bytes(plan.budget)}, but one unit of length "
+                f"{plan.length} needs {human_bytes(plan.cost_per_unit)}: units run one at a time, over "
                 f"the budget"
             )
 
@@ -325,8 +331,8 @@ class Engine:
         return ItemError(
             key,
             "encode",
-            f"needs about {memory.human_bytes(cost)} of {self.tower.device} memory to encode alone ({unit.length} "
-            f"{unit_name}), more than the {memory.human_bytes(free)} free: not encoded"
+            f"needs about {human_bytes(cost)} of {self.tower.device} memory to encode alone ({unit.length} "
+            f"{unit_name}), more than the {human_bytes(free)} free: not encoded"
             + (" (--max-text-bytes cuts texts shorter)" if unit_name == "tokens" else ""),
             "too-large",
         )

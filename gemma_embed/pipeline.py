@@ -17,12 +17,13 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 
-from gemma_embed import capture, distributed, memory, store
+from gemma_embed import capture, distributed, store
 from gemma_embed.config import RunConfig, Space, python_spelling
 from gemma_embed.decoding import Prepared, prepared_stream
 from gemma_embed.embedder import Embedder
 from gemma_embed.errors import DeviceError, ItemError, UsageError
 from gemma_embed.interrupts import Interrupted, StopFlag, stop_on_signals
+from gemma_embed.memory import planner, readings
 from gemma_embed.progress import Reporter
 from gemma_embed.result import RunResult
 from gemma_embed.runners import LocalRunner, Runner, SliceRunner
@@ -232,7 +233,7 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pr
                     continue
                 for index, stage in enumerate(stages.chain):
                     lengths[index] += stage.lengths(p.item) if stage.feed else [u.length for u in p.item.units]
-    free, total = memory.device_memory(embedder.device)
+    free, total = readings.device_memory(embedder.device)
     retrieval = stages.space == Space.retrieval
     buckets = []
     for index, engine in enumerate(command.engines):
@@ -251,7 +252,7 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pr
         "dtype_reason": embedder.dtype_choice.reason,
         "free_memory": free,
         "total_memory": total,
-        "budget": memory.budget(free, total, config.memory_budget),
+        "budget": planner.budget(free, total, config.memory_budget),
         "host": command.host.as_dict(),
         "items": len(sources),
         "skipped": sum(skipped.values()),

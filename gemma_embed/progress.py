@@ -17,9 +17,9 @@ import sys
 from typing import IO
 
 from gemma_embed.errors import ItemError
-from gemma_embed.memory import human_bytes
 from gemma_embed.redact import redact
 from gemma_embed.result import RunResult
+from gemma_embed.sizes import human_bytes
 from gemma_embed.terminal import printable
 
 

@@ -69,7 +69,7 @@ class RunResult:
 
     def passed_over_notes(self, text_limit: int) -> list[str]:
         """The closing notes on what was passed over or cut, each naming the first keys (their files)."""
-        from gemma_embed.memory import human_bytes
+        from gemma_embed.sizes import human_bytes
 
         limit = human_bytes(text_limit)
         words = {

@@ -93,8 +93,8 @@ _DECODE = textwrap.dedent("""
     def status(field):
         return int(re.search(rf"{field}:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
 
-    from gemma_embed import hostmem, memory
-    hostmem.configure_for_long_runs()
+    from gemma_embed.memory import allocator, decode_peaks
+    allocator.configure_for_long_runs()
     import torch
     from gemma_embed.embedder import Embedder
 
@@ -113,14 +113,14 @@ _DECODE = textwrap.dedent("""
             from gemma_embed.media.image import composited
             with Image.open(path) as img:
                 size = {"pixels": img.width * img.height}
-                estimate = memory.image_decode_peak(img.width, img.height, composited(img))
+                estimate = decode_peaks.image_decode_peak(img.width, img.height, composited(img))
         elif modality == "video":
             frames, height, width, _ = decoded.frames.shape
             size = {"pixels": frames * height * width}
-            estimate = memory.video_decode_peak(frames, width, height)
+            estimate = decode_peaks.video_decode_peak(frames, width, height)
         else:
             size = {"samples": int(decoded.samples.size)}
-            estimate = memory.audio_decode_peak(decoded.samples.size / decoded.sample_rate, decoded.sample_rate)
+            estimate = decode_peaks.audio_decode_peak(decoded.samples.size / decoded.sample_rate, decoded.sample_rate)
         print(json.dumps({"path": path, "peak": peak, "estimate": estimate, **size}), flush=True)
         del decoded, item
 """)

@@ -75,7 +75,7 @@ OUTSIDE_THE_SEAM = {
     "models/": "checkpoints: the hub cache or a checkpoint folder (transformers, safetensors, tokenizer files)",
     "config.py": "the option table: model ids that look like folders, and how RunConfig spells paths",
     "cpu_threads.py": "the system's /proc/stat",
-    "memory.py": "the system's cgroup memory limits under /sys/fs/cgroup",
+    "memory/readings.py": "the system's cgroup memory limits under /sys/fs/cgroup",
     "device.py": "the system's /proc/cpuinfo",
     "capture.py": "the process's own stderr (fd 2), duplicated",
     "progress.py": "/dev/null over the process's own descriptors",

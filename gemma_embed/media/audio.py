@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gemma_embed import hostmem, memory
 from gemma_embed.media import (
     OPEN_TIMEOUT_S,
     as_file,
@@ -27,6 +26,7 @@ from gemma_embed.media import (
     ffmpeg_extensions,
     refuse_nothing_to_decode,
 )
+from gemma_embed.memory import decode_peaks, decode_room
 
 BLOCK_FRAMES = 1 << 16  # source frames per block read from soundfile
 # FFmpeg's audio formats (PyAV names) whose extensions are walked for audio, beside the video containers (for
@@ -166,7 +166,7 @@ def _decode_with_soundfile(content: str | bytes, info, target_rate: int) -> Deco
     import soundfile as sf
 
     seconds = info.frames / info.samplerate if info.frames > 0 and info.samplerate > 0 else None
-    hostmem.admit(memory.audio_decode_peak(seconds, target_rate))  # in a run: waits for room to decode
+    decode_room.admit(decode_peaks.audio_decode_peak(seconds, target_rate))  # in a run: waits for room to decode
     resampler = MonoResampler(info.samplerate, target_rate)
     try:
         for block in _soundfile_blocks(content):
@@ -195,7 +195,7 @@ def _decode_with_pyav(content: str | bytes, target_rate: int) -> DecodedAudio:
         if not container.streams.audio:
             raise AudioDecodeError(_no_audio_reason(container))
         stream = container.streams.audio[0]
-        hostmem.admit(memory.audio_decode_peak(_declared_seconds(container, stream), target_rate))
+        decode_room.admit(decode_peaks.audio_decode_peak(_declared_seconds(container, stream), target_rate))
         resampler = None
         channels = 0
         try:

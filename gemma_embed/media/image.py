@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
-from gemma_embed import capture, hostmem, memory
+from gemma_embed import capture
 from gemma_embed.media import MAX_PIXELS, as_file
+from gemma_embed.memory import decode_peaks, decode_room
 
 # Pillow's own default. Checked on the header, before any pixel is decoded.
 MAX_PIXELS = Image.MAX_IMAGE_PIXELS or MAX_PIXELS
@@ -86,7 +87,7 @@ def decode_image(content: str | bytes, max_pixels: int = MAX_PIXELS) -> DecodedI
             frames = int(getattr(img, "n_frames", 1) or 1)
             if frames > 1:
                 img.seek(0)
-            hostmem.admit(memory.image_decode_peak(width, height, composited(img)))  # waits for room in a run
+            decode_room.admit(decode_peaks.image_decode_peak(width, height, composited(img)))  # waits for room in a run
             img.load()
             mode, fmt = img.mode, img.format or ""
             if not converts_to_rgb(img):

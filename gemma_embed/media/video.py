@@ -8,8 +8,9 @@ How a file is read:
    to. A table shorter than the header's frame count or duration means the file is truncated.
 2. `sample_frame_indices`: the checkpoint video processor's policy (uniform `num_frames`, or `fps`), except
    that a clip shorter than the request gives all its frames instead of transformers' ValueError.
-3. `decode_frames`: decode up to the last sampled frame only, seeking to a keyframe when that skips enough
-   frames to pay for the seek; a frame table that disagrees with the decoder falls back to counting frames.
+3. `_decode_wanted`: decode up to the last sampled frame only, seeking to a keyframe when that skips enough
+   frames to pay for the seek (`_decode_by_table`); a frame table that disagrees with the decoder falls back to
+   counting frames (`_decode_by_count`).
 4. Rotation metadata (the display matrix) is applied, as players do.
 
 Every failure raises VideoDecodeError with a one-line reason; a wall-clock limit bounds each file. A video's bytes
@@ -27,9 +28,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from gemma_embed import hostmem, memory
 from gemma_embed.locations import location
 from gemma_embed.media import MAX_PIXELS, OPEN_TIMEOUT_S, as_file, ffmpeg_extensions, refuse_nothing_to_decode
+from gemma_embed.memory import decode_peaks, decode_room
 
 # Seconds one file may spend in probing + decoding before it is given up (pathological or huge files).
 DECODE_TIME_LIMIT_S = 300.0
@@ -467,7 +468,7 @@ def decode_video(
             f"{len(wanted)} frames of {width}x{height} exceed {MAX_DECODED_BYTES >> 30} GiB; "
             f"sample fewer (--max-frames)"
         )
-    hostmem.admit(memory.video_decode_peak(len(wanted), width, height))  # in a run: waits for room to decode
+    decode_room.admit(decode_peaks.video_decode_peak(len(wanted), width, height))  # in a run: waits for room to decode
     frames, rotation, times, seeks, decoded = _decode_wanted(content, table, wanted, deadline)
     try:
         stacked = np.stack([frames[i] for i in wanted])

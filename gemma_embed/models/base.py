@@ -142,7 +142,7 @@ class EncoderTower:
 
     def weight_bytes(self) -> int:
         """Bytes its weights hold on the device: measured once loaded, else from the config (meta build)."""
-        from gemma_embed.memory import resident_bytes
+        from gemma_embed.memory.readings import resident_bytes
         from gemma_embed.models.loading import built_bytes
 
         if self.tower is not None:

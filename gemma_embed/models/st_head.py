@@ -142,7 +142,7 @@ class SentenceTextTower:
 
     def weight_bytes(self) -> int:
         """Bytes of the text model and the Dense modules: measured once loaded, else built on the meta device."""
-        from gemma_embed.memory import resident_bytes
+        from gemma_embed.memory.readings import resident_bytes
         from gemma_embed.models.loading import built_bytes
 
         if self.model is not None:

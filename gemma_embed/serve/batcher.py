@@ -1,12 +1,12 @@
 """The batching queue: concurrent requests' items merged into the windows of the batch tool's own engine.
 
-Every request becomes one `Job` per route (modality and stage options: `Embedder.route`'s key). One worker thread
-owns the `Embedder` (torch runs there and nowhere else). It takes every waiting job of the first job's route, in
-arrival order, and sends all their items through one `Embedder.embed_stream` call: they are decoded, prepared and
-encoded together, in the same windows, token-budget batches and resolution buckets as a `gemma-embed text` or
-`images` run, and each item's pooled rows come back through the `Sink` by its key. Keys are made here (job
-number / position), so an item's rows can only reach the job and the slot that sent it. Jobs of another route wait
-for the next window.
+Every request becomes one `Job` per route (modality and stage options: the key of `Embedder.command`'s stages). One
+worker thread owns the `Embedder` (torch runs there and nowhere else). It takes every waiting job of the first job's
+route, in arrival order, and sends all their items through one `Embedder.embed_stream` call: they are decoded,
+prepared and encoded together, in the same windows, token-budget batches and resolution buckets as a
+`gemma-embed text` or `images` run, and each item's pooled rows come back through the `Sink` by its key. Keys are
+made here (job number / position), so an item's rows can only reach the job and the slot that sent it. Jobs of
+another route wait for the next window.
 
 Admission is bounded in items (`capacity`): a job that would take the items admitted and not yet answered over it is
 refused (`QueueFull`, the server's 429 with a Retry-After from the measured rate); a job larger than the whole
@@ -55,7 +55,7 @@ class Closed(Exception):
 
 @dataclass(frozen=True)
 class RouteKey:
-    """Which stages a job's items go through: the command (`modality`) and `Embedder.route`'s options."""
+    """Which stages a job's items go through: the command (`modality`) and `Embedder.command`'s options."""
 
     modality: str
     options: tuple[tuple[str, Any], ...] = ()

@@ -8,7 +8,6 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from gemma_embed import memory
 from gemma_embed.config import (  # noqa: F401 - re-exported
     ITEM_BYTES_FLOOR,
     MEDIA_MODALITIES,
@@ -18,6 +17,7 @@ from gemma_embed.config import (  # noqa: F401 - re-exported
 )
 from gemma_embed.locations import location
 from gemma_embed.redact import redact
+from gemma_embed.sizes import human_bytes
 from gemma_embed.sources.bounded import utf8_prefix
 
 
@@ -65,7 +65,7 @@ class Source:
 
 def row_place(source: Source) -> str | None:
     """`row 3 of FILE` for a table's row keyed by its --key-column value (a key that does not name the file), so
-    that a line about it says where it is; None where the key says it (FILE:ROW, FILE:LINE, a path)."""
+    that a line about it says where it is; None where the key says it (FILE:ROW, a path)."""
     row = source.meta.get("row")
     if row is None or source.key.endswith(f":{row}"):
         return None
@@ -75,7 +75,7 @@ def row_place(source: Source) -> str | None:
 def item_too_large(size: int, limit: int, what: str = "") -> str:
     """The one-line reason an item over the limit fails, unread."""
     return (
-        f"{what or 'the item'} is {memory.human_bytes(size)} ({size} bytes), over the {memory.human_bytes(limit)} "
+        f"{what or 'the item'} is {human_bytes(size)} ({size} bytes), over the {human_bytes(limit)} "
         f"an item may have; not read (--max-item-bytes raises the limit)"
     )
 
@@ -91,8 +91,8 @@ def text_source(key: str, where: str, data, size: int, meta: dict, collection: C
             return Source(
                 key,
                 where,
-                error=f"{what} is {memory.human_bytes(size)}, over --max-text-bytes {memory.human_bytes(limit)}: "
-                f"skipped (--long-text cut embeds its first {memory.human_bytes(limit)})",
+                error=f"{what} is {human_bytes(size)}, over --max-text-bytes {human_bytes(limit)}: "
+                f"skipped (--long-text cut embeds its first {human_bytes(limit)})",
                 kind="too-long",
             )
         data = utf8_prefix(_as_bytes(data[:limit]))

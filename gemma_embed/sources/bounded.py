@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 from gemma_embed.errors import ItemProblem
 from gemma_embed.locations import Location
-from gemma_embed.memory import human_bytes
+from gemma_embed.sizes import human_bytes
 
 CHUNK = 1 << 20  # bytes read at a time: a chunk's split pieces are the only other memory a line costs
 # Real text and JSON lines compress 3 to 20 times (and Apache POI's zip-bomb check refuses past 100); deflate

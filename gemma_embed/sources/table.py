@@ -49,8 +49,8 @@ from gemma_embed.errors import ItemProblem, UsageError
 from gemma_embed.locations import Location, NotRegularFile, UnsupportedLocation, location
 from gemma_embed.locations.location import URL_PROTOCOLS
 from gemma_embed.media import MediaBytes
-from gemma_embed.memory import human_bytes
 from gemma_embed.redact import redact
+from gemma_embed.sizes import human_bytes
 from gemma_embed.sources import bounded, records
 from gemma_embed.sources.base import Source, item_too_large, text_source
 

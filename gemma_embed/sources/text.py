@@ -10,8 +10,8 @@ UTF-8 is a failed item, named by its key.
 Lines are read a chunk at a time with a bound (sources/bounded.py): of a line longer than --max-text-bytes only
 that much is kept, then cut at a character boundary or, with --long-text skip, passed over; a file named `.gz` is
 inflated as it streams, a gzip bomb stopped. A blank line, like a blank table cell, is passed over with a named
-reason (`blank`: counted in a note, a failure with --on-error stop); its number is kept, so keys still point at
-the right line.
+reason (`blank`: counted in a note, a failure with --on-error stop); its row still counts, so later keys still
+point at the right line.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """Every file layout of an output, written and read here and nowhere else (the `gemma-embed/1` format).
 
 - `tensors_file`: one embedding file (safetensors layout: `embeddings`, `offsets`, string metadata);
+- `safetensors_header`: the safetensors header, built (in a fixed order) and read for every file written by hand;
+- `row_table`: the search index's row table (`OUT.search-index`) and the output's fingerprint;
+- `digests`: the whole and sampled SHA-256 of the files an index relies on;
 - `atomic`: whole-file writes of small files (through the seam, gemma_embed/locations) and the one-line error for a
   failed write;
 - `damage`: `DamagedFile`, the one-line error for a file that is not what it should be, and the checks before a

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,8 +23,10 @@ import numpy as np
 
 from gemma_embed import FORMAT, __version__
 from gemma_embed.locations import Location, location
-from gemma_embed.store.digests import file_digests, read_at, sampled_sha256
+from gemma_embed.store.damage import DamagedFile
+from gemma_embed.store.digests import file_digests, sampled_sha256
 from gemma_embed.store.layout import index_path, inside_folder, output_files, relative_name
+from gemma_embed.store.safetensors_header import TensorEntry, build_header, read_header
 
 TABLE_FORMAT = "gemma-embed-search/2"  # /1 recorded no digests: refused, to be built again
 TABLE_SUFFIX = ".search-index"
@@ -152,20 +153,10 @@ def read_file_header(file: str | os.PathLike | Location) -> tuple[dict, dict, in
     """(string metadata, tensor entries, byte offset of the data section) of one gemma-embed/1 file."""
     file = location(file)
     with file.open("rb") as fh:
-        head = fh.read(8)
-        if len(head) != 8:
-            raise ValueError(f"{file}: not a {FORMAT} file (shorter than a safetensors header)")
-        length = struct.unpack("<Q", head)[0]
-        if length > file.size():
-            raise ValueError(f"{file}: not a {FORMAT} file (header length {length} past the end)")
-        try:
-            header = json.loads(fh.read(length))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{file}: not a {FORMAT} file ({exc})") from None
-    meta = header.pop("__metadata__", None) or {}
+        meta, header, start = read_header(fh, file)
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{file}: not a {FORMAT} file (format={meta.get('format')!r})")
-    return meta, header, 8 + length
+        raise DamagedFile(file, f"format={meta.get('format')!r}")
+    return meta, header, start
 
 
 def _tensor(file: Location, header: dict, start: int, name: str) -> tuple[str, list[int], int, int]:
@@ -321,27 +312,12 @@ def write_table(path: str | os.PathLike | Location, record: dict, table: RowTabl
         "lines": np.frombuffer(blob, np.uint8),
     }
     metadata = {"format": TABLE_FORMAT, "created_by": f"gemma-embed {__version__}", "record": json.dumps(record)}
-    _write_safetensors(path, metadata, arrays)
-    return record
-
-
-def _write_safetensors(path: Location, metadata: dict[str, str], arrays: dict[str, np.ndarray]) -> None:
-    entries, offset = {}, 0
-    for name, array in arrays.items():
-        size = array.nbytes
-        entries[name] = {
-            "dtype": SAFETENSORS_NAMES[array.dtype],
-            "shape": list(array.shape),
-            "data_offsets": [offset, offset + size],
-        }
-        offset += size
-    text = json.dumps({"__metadata__": metadata, **entries}, separators=(",", ":")).encode("ascii")
-    text += b" " * (-len(text) % 8)
+    tensors = {name: TensorEntry(SAFETENSORS_NAMES[a.dtype], list(a.shape), a.nbytes) for name, a in arrays.items()}
     with path.atomic_write() as fh:
-        fh.write(struct.pack("<Q", len(text)))
-        fh.write(text)
+        fh.write(build_header(tensors, metadata))
         for array in arrays.values():
             fh.write(np.ascontiguousarray(array).tobytes())
+    return record
 
 
 def read_record(path: str | os.PathLike | Location) -> dict:
@@ -419,11 +395,13 @@ def load_table(path: str | os.PathLike | Location, record: dict) -> RowTable:
             with safe_open(name, framework="numpy") as fh:
                 arrays = {n: fh.get_tensor(n) for n in TABLE_ARRAYS}
             starts = arrays["line_starts"]
-            lines_offset, lines_size = _data_span(opened, "lines")
+            lines_offset, lines_size = _data_span(opened, path, "lines")
             if starts.ndim != 1 or not len(starts) or int(starts[-1]) != lines_size:
                 raise ValueError("its line offsets do not match its lines")
             blob: Any = np.memmap(name, np.uint8, "r", lines_offset, lines_size) if lines_size else b""
-    except (SafetensorError, KeyError, ValueError, struct.error, json.JSONDecodeError) as exc:
+    except DamagedFile:
+        raise  # named already, as a table file
+    except (SafetensorError, KeyError, ValueError) as exc:
         raise ValueError(f"{path}: not a {TABLE_FORMAT} file ({' '.join(str(exc).split())})") from None
     table = RowTable(
         files,
@@ -487,9 +465,8 @@ def _sample_norms(table: RowTable, sample: np.ndarray) -> np.ndarray:
     return out
 
 
-def _data_span(fh: Any, tensor: str) -> tuple[int, int]:
-    """(offset from the file's start, size) of one tensor's bytes in an open safetensors file."""
-    (length,) = struct.unpack("<Q", read_at(fh, 8, 0))
-    header = json.loads(read_at(fh, length, 8))
-    begin, end = header[tensor]["data_offsets"]
-    return 8 + length + int(begin), int(end) - int(begin)
+def _data_span(fh: Any, file: Location, tensor: str) -> tuple[int, int]:
+    """(offset from the file's start, size) of one tensor's bytes in an open table file."""
+    _, tensors, start = read_header(fh, file, f"{TABLE_FORMAT} file")
+    begin, end = tensors[tensor]["data_offsets"]
+    return start + int(begin), int(end) - int(begin)

@@ -1,11 +1,9 @@
 """One gemma-embed/1 file: the safetensors layout, written here and read with the safetensors library.
 
-A safetensors file is an 8-byte little-endian header length, a JSON header (tensor dtypes, shapes and byte
-ranges, plus string `__metadata__`), then the tensors' bytes. `safetensors.torch.save_file` would write the
-same layout, but it orders the metadata differently on every call (two identical runs gave different bytes)
-and creates 0600 files; it also needs every tensor in memory at once. So the header is written here, in a
-fixed order, and the rows are streamed to the file item by item. Reading stays with `safetensors.safe_open`
-(tests/test_store.py checks the files against `safetensors.torch.load_file`).
+The header is built in a fixed order by `safetensors_header.build_header` (`safetensors.torch.save_file` would
+write the same layout, but it orders the metadata differently on every call, creates 0600 files and needs every
+tensor in memory at once), and the rows are streamed to the file item by item. Reading stays with
+`safetensors.safe_open` (tests/unit/test_store.py checks the files against `safetensors.torch.load_file`).
 
 Tensors: `embeddings` [total_rows, D] (every item's rows, in order) and `offsets` int64 [N+1] (item i is
 `embeddings[offsets[i]:offsets[i+1]]`). Metadata: the run header, `format`, `created_by`, `dtype`, and `keys`
@@ -21,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import struct
 import zlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -30,6 +27,7 @@ from gemma_embed import FORMAT, __version__, nested_json
 from gemma_embed.config import DTYPE_CODES
 from gemma_embed.locations import Location, NotRegularFile, location
 from gemma_embed.store.damage import FORMAT_NAME, NOT_AN_OUTPUT, DamagedFile, looks_ours, require_regular_file
+from gemma_embed.store.safetensors_header import TensorEntry, build_header
 
 if TYPE_CHECKING:
     import torch
@@ -38,7 +36,6 @@ if TYPE_CHECKING:
 # (`gemma-embed inspect`, `read_metadata`) goes through safetensors' numpy reader and never imports it.
 EMBEDDING_CODES = {name: code for name, code in DTYPE_CODES.items() if name != "float64"}  # by torch dtype name
 FORMAT_FILE = f"{FORMAT} file"  # the kind a damaged or other-version output is told as
-HEADER_ALIGNMENT = 8  # the data section starts 8-byte aligned, as safetensors' own writer pads it
 
 
 def file_metadata(
@@ -106,25 +103,14 @@ def write_embedding_file(
     element = torch.empty((), dtype=dtype).element_size()
     embedding_bytes = total_rows * width * element
     offsets = torch.tensor([0, *row_counts], dtype=torch.int64).cumsum(0)
-    header = {
-        "__metadata__": metadata,
-        "embeddings": {
-            "dtype": EMBEDDING_CODES[str(dtype).removeprefix("torch.")],
-            "shape": [total_rows, width],
-            "data_offsets": [0, embedding_bytes],
-        },
-        "offsets": {
-            "dtype": "I64",
-            "shape": [len(row_counts) + 1],
-            "data_offsets": [embedding_bytes, embedding_bytes + 8 * (len(row_counts) + 1)],
-        },
+    code = EMBEDDING_CODES[str(dtype).removeprefix("torch.")]
+    tensors = {
+        "embeddings": TensorEntry(code, [total_rows, width], embedding_bytes),
+        "offsets": TensorEntry("I64", [len(row_counts) + 1], 8 * (len(row_counts) + 1)),
     }
-    text = json.dumps(header, ensure_ascii=True, separators=(",", ":")).encode("ascii")
-    text += b" " * (-len(text) % HEADER_ALIGNMENT)
     path = location(path)
     with path.atomic_write(own_folder) as fh:
-        fh.write(struct.pack("<Q", len(text)))
-        fh.write(text)
+        fh.write(build_header(tensors, metadata))
         written = 0
         for count, block in zip(row_counts, row_blocks, strict=True):
             if tuple(block.shape) != (count, width):

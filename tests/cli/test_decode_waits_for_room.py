@@ -15,7 +15,7 @@ MiB = 2**20
 
 @pytest.mark.slow
 def test_four_workers_wait_for_room_and_peak_rss_stays_within_the_budget(tmp_path):
-    # A 4000x4000 RGB PNG peaks at 14 B/px through decode and prepare (memory.py): 214 MiB. Four workers decoding
+    # A 4000x4000 RGB PNG peaks at 14 B/px through decode and prepare (decode_peaks.py): 214 MiB. Four workers decoding
     # at once would reach 0.85 GiB above the loaded process (the code before this test: 1.1 GiB, 18 B/px). A 600 MiB
     # budget leaves (600 - 1) / 2 MiB for the decode side: room for one estimate (17 B/px, 259 MiB), not two.
     folder = tmp_path / "big"

@@ -330,7 +330,7 @@ def test_a_budget_below_one_unit_is_a_warning_with_the_cost(tmp_path):
     warnings = [line for line in _tool_lines(proc.stderr) if line.startswith("warning: ")]
     assert len(warnings) == 1
     # On the CPU the budget covers the model too: 9 MiB less the tiny tower's 1.0 MiB of weights, half of the rest
-    # for a chunk (memory.host_plan), the other half for decoding.
+    # for a chunk (memory.planner.host_plan), the other half for decoding.
     assert warnings[0].startswith("warning: --memory-budget allows 4.0 MiB, but one unit of length ")
     assert warnings[0].endswith(" MiB: units run one at a time, over the budget")
 

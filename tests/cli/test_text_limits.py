@@ -22,7 +22,7 @@ from helpers import EXE, ROOT
 from memory_helpers import cli_peak
 
 import gemma_embed
-from gemma_embed.memory import human_bytes
+from gemma_embed.sizes import human_bytes
 
 EG = ROOT / "samples" / "tiny-embeddinggemma"  # EmbeddingGemma: max_seq_length 32, so a cut text is still read whole
 GEMMA4 = ROOT / "samples" / "tiny-gemma4"

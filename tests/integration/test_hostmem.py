@@ -1,4 +1,4 @@
-"""hostmem: the CLI's allocator settings keep a CPU forward's activations out of fresh, page-faulted mmaps."""
+"""memory.allocator: the CLI's allocator settings keep a CPU forward's activations out of fresh, page-faulted mmaps."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 SCRIPT = """
 import json, resource
 import numpy as np
-from gemma_embed import hostmem
+from gemma_embed.memory import allocator
 
 np._core.multiarray._set_madvise_hugepage(False)  # 4 KiB pages, as torch allocates them
 
@@ -26,8 +26,8 @@ def faults(scope):
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 import contextlib
-configured = hostmem.configure_for_long_runs()
-pinned, heap_only = faults(contextlib.nullcontext), faults(hostmem.heap_only)
+configured = allocator.configure_for_long_runs()
+pinned, heap_only = faults(contextlib.nullcontext), faults(allocator.heap_only)
 print(json.dumps({"configured": configured, "pinned": pinned, "heap_only": heap_only}))
 """
 

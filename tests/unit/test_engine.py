@@ -7,10 +7,10 @@ import sys
 
 import torch
 
-from gemma_embed import memory
 from gemma_embed.device import DeviceOps
 from gemma_embed.engine import Engine, is_fatal_device_error, is_out_of_memory
-from gemma_embed.memory import BudgetSpec
+from gemma_embed.memory import readings
+from gemma_embed.memory.planner import BudgetSpec
 from gemma_embed.models.base import Unit
 
 # ------------------------------------------------------------------------------------------- a fake device
@@ -39,7 +39,7 @@ class FakeCuda(DeviceOps):
         return FakeBlock(self, size)
 
     def memory(self) -> tuple[int, int]:
-        return memory.cuda_free(self.total - self.reserved, self.reserved, self.allocated_bytes), self.total
+        return readings.cuda_free(self.total - self.reserved, self.reserved, self.allocated_bytes), self.total
 
     def allocated(self) -> int:
         return self.allocated_bytes

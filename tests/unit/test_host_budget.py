@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from gemma_embed import hostmem, memory
 from gemma_embed.decoding import prepared_stream
+from gemma_embed.memory import decode_peaks, decode_room, planner
 from gemma_embed.models.base import PreparedItem, Unit
 from gemma_embed.sources import Source
 
@@ -21,55 +21,56 @@ GiB, MiB = 2**30, 2**20
 
 
 def test_on_a_cpu_the_budget_covers_the_model_and_the_rest_is_split_between_decode_and_encode():
-    plan = memory.host_plan(10 * GiB, 16 * GiB, memory.parse_budget("1GiB"), 100 * MiB, host_is_device=True)
+    plan = planner.host_plan(10 * GiB, 16 * GiB, planner.parse_budget("1GiB"), 100 * MiB, host_is_device=True)
     assert plan.budget == GiB and plan.model == 100 * MiB
     assert plan.model + plan.decode + plan.encode == plan.budget  # nothing counted twice, nothing left out
     assert abs(plan.decode - plan.encode) <= 1
     # The engines' chunk budget is the encode share, even with far more free and asked for.
-    spec = plan.chunk_spec(memory.parse_budget("1GiB"))
-    assert memory.budget(10 * GiB, 16 * GiB, spec) == plan.encode
+    spec = plan.chunk_spec(planner.parse_budget("1GiB"))
+    assert planner.budget(10 * GiB, 16 * GiB, spec) == plan.encode
     assert spec.explicit  # the user's budget is still the user's (the warning below one unit names it)
 
 
 def test_a_model_larger_than_the_budget_leaves_nothing_and_a_budget_above_free_is_what_is_free():
-    plan = memory.host_plan(10 * GiB, 16 * GiB, memory.parse_budget("1GiB"), 2 * GiB, host_is_device=True)
+    plan = planner.host_plan(10 * GiB, 16 * GiB, planner.parse_budget("1GiB"), 2 * GiB, host_is_device=True)
     assert (plan.decode, plan.encode) == (0, 0)
-    plan = memory.host_plan(GiB, 16 * GiB, memory.parse_budget("8GiB"), 0, host_is_device=True)
+    plan = planner.host_plan(GiB, 16 * GiB, planner.parse_budget("8GiB"), 0, host_is_device=True)
     assert plan.budget == GiB and plan.decode + plan.encode == GiB
 
 
 def test_the_default_rule_plans_the_host_too():
-    plan = memory.host_plan(10 * GiB, 16 * GiB, memory.BudgetSpec(), 0, host_is_device=True)
-    assert plan.budget == memory.budget(10 * GiB, 16 * GiB) == int(1.6 * GiB)  # min(free/2, total/10)
-    assert not plan.chunk_spec(memory.BudgetSpec()).explicit
+    plan = planner.host_plan(10 * GiB, 16 * GiB, planner.BudgetSpec(), 0, host_is_device=True)
+    assert plan.budget == planner.budget(10 * GiB, 16 * GiB) == int(1.6 * GiB)  # min(free/2, total/10)
+    assert not plan.chunk_spec(planner.BudgetSpec()).explicit
 
 
 def test_on_an_accelerator_the_decode_side_gets_the_default_rule_on_host_memory():
-    spec = memory.parse_budget("2GiB")  # the device's budget
-    plan = memory.host_plan(10 * GiB, 16 * GiB, spec, 0, host_is_device=False)
+    spec = planner.parse_budget("2GiB")  # the device's budget
+    plan = planner.host_plan(10 * GiB, 16 * GiB, spec, 0, host_is_device=False)
     assert plan.encode is None and plan.model == 0
-    assert plan.decode == memory.budget(10 * GiB, 16 * GiB)
+    assert plan.decode == planner.budget(10 * GiB, 16 * GiB)
     assert plan.chunk_spec(spec) == spec  # chunks plan from the device's memory as before
     assert "decode" in plan.describe()
 
 
 def test_decode_peak_estimates():
-    assert memory.image_decode_peak(1000, 2000, composited=False) == 2_000_000 * memory.IMAGE_PEAK_BYTES_PER_PIXEL
-    assert memory.image_decode_peak(1000, 2000, composited=True) > memory.image_decode_peak(1000, 2000, False)
-    assert memory.video_decode_peak(32, 640, 360) == 32 * memory.video_decode_peak(1, 640, 360)
-    assert memory.audio_decode_peak(10.0, 16_000) == 160_000 * memory.AUDIO_PEAK_BYTES_PER_SAMPLE
-    unknown = memory.audio_decode_peak(None, 16_000)
-    assert unknown == memory.audio_decode_peak(memory.AUDIO_UNKNOWN_DURATION_S, 16_000) > 0
+    image_peak = decode_peaks.image_decode_peak
+    assert image_peak(1000, 2000, composited=False) == 2_000_000 * decode_peaks.IMAGE_PEAK_BYTES_PER_PIXEL
+    assert image_peak(1000, 2000, composited=True) > image_peak(1000, 2000, False)
+    assert decode_peaks.video_decode_peak(32, 640, 360) == 32 * decode_peaks.video_decode_peak(1, 640, 360)
+    assert decode_peaks.audio_decode_peak(10.0, 16_000) == 160_000 * decode_peaks.AUDIO_PEAK_BYTES_PER_SAMPLE
+    unknown = decode_peaks.audio_decode_peak(None, 16_000)
+    assert unknown == decode_peaks.audio_decode_peak(decode_peaks.AUDIO_UNKNOWN_DURATION_S, 16_000) > 0
 
 
 def test_budget_cap_holds_whatever_the_rule():
     for spec in (
-        memory.BudgetSpec(cap=5),
-        memory.BudgetSpec(bytes=100, cap=5),
-        memory.BudgetSpec(fraction_of_total=0.5, cap=5),
+        planner.BudgetSpec(cap=5),
+        planner.BudgetSpec(bytes=100, cap=5),
+        planner.BudgetSpec(fraction_of_total=0.5, cap=5),
     ):
-        assert memory.budget(1000, 1000, spec) == 5
-    assert memory.budget(3, 1000, memory.BudgetSpec(bytes=100, cap=5)) == 3  # never more than is free
+        assert planner.budget(1000, 1000, spec) == 5
+    assert planner.budget(3, 1000, planner.BudgetSpec(bytes=100, cap=5)) == 3  # never more than is free
 
 
 # ------------------------------------------------------------------------------------------ the room itself
@@ -95,7 +96,7 @@ def _until_waiting(room, *tickets) -> None:
 
 
 def test_an_item_waits_until_its_estimate_fits_beside_what_is_held():
-    room = hostmem.DecodeRoom(100)
+    room = decode_room.DecodeRoom(100)
     room.reserve(0, 60)
     second = _reserve_in_thread(room, 1, 60)
     _until_waiting(room, 1)
@@ -109,7 +110,7 @@ def test_an_item_waits_until_its_estimate_fits_beside_what_is_held():
 
 
 def test_turns_go_in_input_order_so_a_small_item_never_takes_room_an_earlier_one_waits_for():
-    room = hostmem.DecodeRoom(100)
+    room = decode_room.DecodeRoom(100)
     room.reserve(0, 80)
     big = _reserve_in_thread(room, 1, 80)
     small = _reserve_in_thread(room, 2, 10)
@@ -121,7 +122,7 @@ def test_turns_go_in_input_order_so_a_small_item_never_takes_room_an_earlier_one
 
 
 def test_an_item_that_never_asks_passes_its_turn_on():
-    room = hostmem.DecodeRoom(100)
+    room = decode_room.DecodeRoom(100)
     later = _reserve_in_thread(room, 1, 10)
     _until_waiting(room, 1)
     assert not later.is_set()  # ticket 0 has its turn
@@ -133,7 +134,7 @@ def test_an_item_that_never_asks_passes_its_turn_on():
 
 
 class FakeModality:
-    """Decodes b"ESTIMATE/PREPARED" items: says ESTIMATE through hostmem.admit, as real decoders do, then holds a
+    """Decodes b"ESTIMATE/PREPARED" items: says ESTIMATE through decode_room.admit, as real decoders do, then holds a
     PREPARED-byte tensor. Records which items decode at the same time. With `meet`, the first `meet` decodes also
     wait for each other before they end (a barrier: they can only end if that many decode at once)."""
 
@@ -148,7 +149,7 @@ class FakeModality:
 
     def decode(self, content: bytes):
         estimate, prepared = (int(x) for x in content.split(b"/")[:2])
-        hostmem.admit(estimate)
+        decode_room.admit(estimate)
         with self.lock:
             self.now[content] = estimate
             self.overlaps.append((content, sum(self.now.values())))

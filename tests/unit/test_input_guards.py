@@ -14,7 +14,7 @@ import pytest
 from gemma_embed.config import RunConfig
 from gemma_embed.interrupts import Interrupted, responsive, stop_on_signals
 from gemma_embed.media import NotRegularFile, regular_file
-from gemma_embed.memory import BudgetSpec
+from gemma_embed.memory.planner import BudgetSpec
 from gemma_embed.sources import read_path_list
 from gemma_embed.sources.base import ITEM_BYTES_FLOOR, Collection, default_item_bytes, parse_item_bytes
 from gemma_embed.sources.files import iter_path_list

@@ -6,8 +6,9 @@ import itertools
 
 import pytest
 
-from gemma_embed import memory
-from gemma_embed.memory import BudgetSpec, budget, chunk_size, host_memory, parse_budget
+from gemma_embed.memory import readings
+from gemma_embed.memory.planner import BudgetSpec, budget, chunk_size, parse_budget
+from gemma_embed.memory.readings import host_memory
 from gemma_embed.models.gemma4 import vision_item_cost
 
 GIB = 2**30
@@ -85,16 +86,16 @@ def test_host_memory_honours_cgroup_limit():
 def test_cgroup_files(tmp_path):
     (tmp_path / "memory.max").write_text("max\n")
     (tmp_path / "memory.current").write_text("123\n")
-    assert memory.cgroup_memory(tmp_path) == (None, 123)
+    assert readings.cgroup_memory(tmp_path) == (None, 123)
     (tmp_path / "memory.max").write_text("1073741824\n")
-    assert memory.cgroup_memory(tmp_path) == (GIB, 123)
+    assert readings.cgroup_memory(tmp_path) == (GIB, 123)
     v1 = tmp_path / "v1"
     (v1 / "memory").mkdir(parents=True)
     (v1 / "memory" / "memory.limit_in_bytes").write_text(str(2**63 - 4096))
     (v1 / "memory" / "memory.usage_in_bytes").write_text("5")
-    assert memory.cgroup_memory(v1) == (None, 5)
+    assert readings.cgroup_memory(v1) == (None, 5)
 
 
 def test_device_memory_on_cpu_is_sane():
-    free, total = memory.device_memory("cpu")
+    free, total = readings.device_memory("cpu")
     assert 0 < free <= total

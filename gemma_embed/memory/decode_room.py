@@ -1,108 +1,16 @@
-"""Host-memory settings for a long-running command: flat peak memory, and forwards on the CPU without page faults.
+"""The decode room: the decode side's share of host memory, handed out to decode threads in input order.
 
-Two needs pull glibc's allocator apart:
-- Between forwards: glibc raises its mmap threshold each time a large block is freed, after which same-sized blocks
-  (a window's pixel tensors, ~2 MB each) come from the heap and fragment it: measured on 2,000 images, peak RSS crept
-  up by ~80 MB over the run instead of staying flat. Pinning the threshold (256 KiB) keeps big blocks in mmap,
-  returned to the OS when freed.
-- During a forward on the CPU: every activation above that threshold is then a fresh mmap, and every page of it a
-  page fault the kernel zeroes. A release-size vision tower (bench/bench_release.py) allocates ~6 GB per 280-token
-  image in bf16 (float32 norm temporaries, MLP intermediates): 1.5 million faults and 2.5-2.7 s of system time per
-  forward, which doubled it (3.1-3.3 s against 1.5 s unpinned; Xeon with AMX, 2 cores).
-So the CLI pins the threshold, and the engine runs each CPU forward inside `heap_only()`: no new mmaps while it
-runs, so activations come from the heap and the blocks a forward frees are reused within it (~37,000 faults and
-0.1 s of system time a forward, measured the same way), and when the forward ends `malloc_trim` hands the freed heap
-back, so peak RSS stays as flat as before.
-
-Process-wide, so the CLI turns it on (`configure_for_long_runs`); library users decide for their own process, and
-`heap_only()` does nothing until then.
-
-The decode side's share of host memory (`DecodeRoom`) is here too: decoders say what an item will need once its
-header is read (`admit`), and the worker waits until that fits.
+Decoders say what an item will need once its header is read (`admit`, with `memory.decode_peaks`' estimates), and
+the decode thread waits until that fits beside what the items decoding and decoded-not-yet-encoded hold.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import sys
 import threading
-
-M_TRIM_THRESHOLD = -1
-M_MMAP_MAX = -4
-M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 256 * 1024
-DEFAULT_MMAP_MAX = 65536  # glibc's defaults: mmap allowed, free memory at the heap's top returned beyond 128 KiB
-DEFAULT_TRIM_THRESHOLD = 128 * 1024
-# During a forward, free memory at the heap's top is returned to the OS only beyond this (mallopt takes a C int:
-# 2 GiB - 1 is the most it can say).
-KEEP_FREED = 2**31 - 1
-
-_libc = None
-_heap_only = False  # configure_for_long_runs() turned heap_only() on
-_lock = threading.Lock()
-_depth = 0  # heap_only() scopes open now (nested or in other threads)
-
-
-def _mallopt(param: int, value: int) -> bool:
-    return bool(_libc is not None and _libc.mallopt(param, int(value)))
-
-
-def _load_libc():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt  # noqa: B018 - glibc only (musl has no mallopt)
-    except (OSError, AttributeError):
-        return None
-    return libc
-
-
-def pin_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
-    """Fix glibc's mmap threshold; a no-op (False) off Linux or without glibc."""
-    global _libc
-    _libc = _libc or _load_libc()
-    return _mallopt(M_MMAP_THRESHOLD, threshold)
-
-
-def configure_for_long_runs() -> bool:
-    """The CLI's settings: the pinned mmap threshold, and `heap_only()` in effect. False (and nothing changed) off
-    Linux or without glibc."""
-    global _heap_only
-    _heap_only = pin_mmap_threshold()
-    return _heap_only
-
-
-@contextlib.contextmanager
-def heap_only():
-    """While it is open (a CPU forward), blocks come from the heap, never from a fresh mmap (glibc's M_MMAP_MAX = 0),
-    and freed ones stay there (a trim threshold above any forward's activations), so each activation reuses memory
-    an earlier one freed. When the last scope closes, mmap is allowed again and `malloc_trim` hands the heap's free
-    pages back to the OS: peak RSS stays flat from window to window. Nothing happens before
-    `configure_for_long_runs()`."""
-    global _depth
-    if not _heap_only:
-        yield
-        return
-    with _lock:
-        _depth += 1
-        if _depth == 1:
-            _mallopt(M_MMAP_MAX, 0)
-            _mallopt(M_TRIM_THRESHOLD, KEEP_FREED)
-    try:
-        yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                _mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
-                _mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
-                _libc.malloc_trim(0)
-
-
-# ------------------------------------------------------------------------------------------ the decode room
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
 
 
 class RoomClosed(Exception):
@@ -110,7 +18,7 @@ class RoomClosed(Exception):
 
 
 class DecodeRoom:
-    """The decode side's share of host memory, in bytes (`memory.host_plan`), handed out in input order.
+    """The decode side's share of host memory, in bytes (`planner.host_plan`), handed out in input order.
 
     Held: the estimated decode peaks of the items decoding now (asked for through `admit` once a decoder has read
     the header, given back when the item is prepared) and the prepared bytes of the items decoded and not yet
@@ -182,7 +90,7 @@ class DecodeRoom:
             self.held -= max(0, int(nbytes))
             self._cond.notify_all()
 
-    def wait(self, future, can_release: bool) -> bool:
+    def wait(self, future: Future[Any], can_release: bool) -> bool:
         """Until `future` is done (True), or the item whose turn it is waits for room while nothing decodes: then
         only the stream can make room. With a window to hand on (`can_release`) that is False; with nothing to
         give back the item is let through over the budget, and the wait goes on. The stream waits on the first
@@ -210,7 +118,7 @@ class DecodeRoom:
             self._paused = False
             self._cond.notify_all()
 
-    def wake(self, *_) -> None:
+    def wake(self, *_: object) -> None:
         """Wake the stream (a future's done-callback)."""
         with self._cond:
             self._cond.notify_all()
@@ -250,7 +158,7 @@ _slots = threading.local()
 
 
 @contextlib.contextmanager
-def decode_slot(room: DecodeRoom, ticket: int):
+def decode_slot(room: DecodeRoom, ticket: int) -> Iterator[_Slot]:
     """The calling (decode) thread's item, ticket `ticket` of `room`, for `admit`; yields the slot, whose `reserved`
     says what the item was given (None: it never asked)."""
     slot = _Slot(room, ticket)
@@ -263,9 +171,9 @@ def decode_slot(room: DecodeRoom, ticket: int):
 
 
 def admit(nbytes: int) -> None:
-    """A decoder's call once it knows, from the header, the host memory its item will need (`memory.*_decode_peak`):
-    blocks until the decode room has it. Outside a room (library use, `plan` without a budget) it returns at once;
-    an item asks once (a second call returns)."""
+    """A decoder's call once it knows, from the header, the host memory its item will need
+    (`decode_peaks.*_decode_peak`): blocks until the decode room has it. Outside a room (library use, `plan` without a
+    budget) it returns at once; an item asks once (a second call returns)."""
     slot = getattr(_slots, "current", None)
     if slot is None or slot.reserved is not None:
         return
