@@ -22,7 +22,7 @@ from pathlib import Path
 from memory_helpers import ROOT, cli_peak
 
 from bench.common import cpu_name
-from gemma_embed.memory import human_bytes
+from gemma_embed.sizes import human_bytes
 
 MODEL = ROOT / "samples" / "tiny-embeddinggemma"
 CAP = 3 << 30
