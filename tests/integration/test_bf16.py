@@ -175,15 +175,16 @@ def test_video_frames(tmp_path, device, gemma4_dir, bf16_model, monkeypatch):
     model = bf16_model(gemma4_dir, device)
     processor = AutoVideoProcessor.from_pretrained(gemma4_dir)
     made = {v.name: v for v in make_samples(tmp_path / "videos")}
-    # short-vp9 first: the first decode window (closed at one chunk while the encode rate is unknown) is that
-    # video alone, and the two videos that share the 4:3 bucket come together in the next window. That window
-    # closes at WINDOW_SECONDS of work at the measured rate: on a slow (loaded) machine a few seconds are one
-    # video's frames, so the window is made to hold the rest whatever the rate.
+    # The two videos that share the 4:3 bucket first, the one-frame video before the other: the first decode
+    # window closes at one chunk's frames (engine.enough_work, while no batch has been measured), so it holds
+    # both (1 + 8 frames), and its chunks of 5 mix them. Windows after it close at WINDOW_SECONDS of work at the
+    # measured rate: on a slow (loaded) machine a few seconds are one video's frames, so the window is made to
+    # hold the rest whatever the rate.
     monkeypatch.setattr("gemma_embed.embedder.WINDOW_SECONDS", 1e9)
-    videos = [made[name] for name in ("short-vp9.webm", "clip-h264.mp4", "one-frame.avi")]
+    videos = [made[name] for name in ("one-frame.avi", "clip-h264.mp4", "short-vp9.webm")]
     calls = record_outputs(monkeypatch, Gemma4VisionTower)
     out = tmp_path / "o.safetensors"
-    # 8 frames a video; chunks of 5: the 4:3 bucket's second chunk mixes two videos (8 + 1 frames).
+    # 8 frames a video; chunks of 5: the 4:3 bucket's first chunk mixes two videos (1 + 4 of 8 frames).
     code, _, err = run_images(
         videos, gemma4_dir, out, modality="video", dtype="bfloat16", max_frames=8, batch_size=5, device=device
     )
