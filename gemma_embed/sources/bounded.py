@@ -164,6 +164,13 @@ def lines(read: Read, limit: int, sep: bytes = b"\n") -> Iterator[Line]:
         blank_count = 0
         return line
 
+    def one_more_blank() -> None:
+        """Line `number` is blank: it joins the run (or starts one)."""
+        nonlocal blank_from, blank_count
+        if not blank_count:
+            blank_from = number
+        blank_count += 1
+
     while chunk := read(CHUNK):
         if not pending and not chunk.strip():  # nothing but blank lines (and whitespace): count them
             ended = chunk.count(sep)
@@ -178,17 +185,13 @@ def lines(read: Read, limit: int, sep: bytes = b"\n") -> Iterator[Line]:
         for piece in complete:
             if not pending and not piece.strip():
                 number += 1
-                if not blank_count:
-                    blank_from = number
-                blank_count += 1
+                one_more_blank()
                 continue
             take(piece)
             number += 1
             line = end()
             if line.blank:
-                if not blank_count:
-                    blank_from = number
-                blank_count += 1
+                one_more_blank()
                 continue
             if blank_count:
                 yield blank_run()
@@ -199,9 +202,7 @@ def lines(read: Read, limit: int, sep: bytes = b"\n") -> Iterator[Line]:
         number += 1
         line = end()
         if line.blank:
-            if not blank_count:
-                blank_from = number
-            blank_count += 1
+            one_more_blank()
         else:
             if blank_count:
                 yield blank_run()
