@@ -341,7 +341,10 @@ def _serve(**options) -> None:
     import json
 
     from gemma_embed.config import ServeConfig
+    from gemma_embed.memory.allocator import configure_for_long_runs
     from gemma_embed.serve import serve as run_server
+
+    configure_for_long_runs()  # a server is the longest run: flat memory from request to request (memory/allocator.py)
 
     settings = ServeConfig(**{f.name: options.pop(f.name) for f in dataclasses.fields(ServeConfig)})
     code = run_server(

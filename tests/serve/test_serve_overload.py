@@ -30,9 +30,10 @@ IMAGES = ["landscape.jpg", "portrait.png", "square.webp", "tall.png", "panorama.
 TOLERANCE = 1e-6
 ROUNDS = 3
 SIMULTANEOUS = 50
-# What 3 more rounds may add to the resident set once two rounds have warmed it. The allocator's arenas and the
-# thread pools settle unevenly (48 MiB was seen once on CI after a single warm-up round); a leak of what a request
-# holds (its decoded pixels, 1-7 MB each here) would add far more over 150 requests.
+# What 3 more rounds may add to the resident set once two rounds have warmed it; a leak of what a request holds (its
+# decoded pixels, 1-7 MB each here) would add far more over 150 requests. The server pins glibc's mmap threshold as
+# the batch commands do (memory/allocator.py): without it, 12 rounds beside a busy process drifted 834 -> 992 MiB
+# (121 MiB over 3 rounds failed CI once); with it they stayed within 813-862 MiB, quiet or busy.
 RSS_GROWTH = 96 << 20
 
 
