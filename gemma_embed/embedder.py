@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -422,7 +423,10 @@ class Embedder:
             )
         if truncate_dim is not None and dim is not None and truncate_dim != dim:
             raise UsageError(f"truncate_dim={truncate_dim} and dim={dim}: give one of them")
-        embedder = self._on(device)
+        # The caller's own keyword in an error: sentence-transformers' `truncate_dim` is RunConfig's `dim`.
+        words = _python_words({"dim": "truncate_dim"} if truncate_dim is not None else None)
+        with words:
+            embedder = self._on(device)
         single = is_single_input(inputs)
         values = [inputs] if single else list(inputs)
         options: dict[str, Any] = {
@@ -434,7 +438,7 @@ class Embedder:
         options = {name: value for name, value in options.items() if value is not None}
         if embedder._space(modality, values) != Space.retrieval:
             options["pool"] = Pool.mean
-        with _python_words(), _progress_bar(show_progress_bar, len(values)) as progress:
+        with words, _progress_bar(show_progress_bar, len(values)) as progress:
             rows = embedder._embed(values, modality, progress=progress, **options)
         failed = next((r for r in rows if isinstance(r, ItemError)), None)
         if failed is not None:
@@ -518,13 +522,23 @@ class Embedder:
         )
 
 
-@contextlib.contextmanager
-def _python_words():
-    """Usage errors raised to a Python caller name options as keywords (`dim`, `overwrite=True`), not flags."""
-    try:
-        yield
-    except UsageError as exc:
-        raise exc.reworded(python_spelling(str(exc))) from None
+class _python_words:
+    """Usage errors raised to a Python caller name options as keywords (`dim`, `overwrite=True`), not flags;
+    `renamed` maps a RunConfig field to the keyword the caller gave it under (`dim` -> `truncate_dim`). One
+    instance can be entered again (encode's device check, then its run)."""
+
+    def __init__(self, renamed: dict[str, str] | None = None):
+        self.renamed = renamed or {}
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, traceback) -> None:
+        if isinstance(exc, UsageError):
+            message = python_spelling(str(exc))
+            for field, keyword in self.renamed.items():
+                message = re.sub(rf"(?<![\w=-]){field}\b(?!=)", keyword, message)
+            raise exc.reworded(message) from None
 
 
 def _is_pil(value: Any) -> bool:

@@ -73,3 +73,19 @@ def test_a_wrong_value_is_one_plain_line(capsys, monkeypatch, args, line):
     assert exited.value.code == 2
     (printed,) = capsys.readouterr().err.splitlines()
     assert printed.startswith(line + " (see '"), printed
+
+
+def test_each_commands_help_names_every_family_that_runs_it_or_none():
+    """A command's help never names one family where several run it (`text --help` said EmbeddingGemma 2 only,
+    though EmbeddingGemma runs it too): each family name it mentions comes with all the others of that command."""
+    from gemma_embed.config import Modality
+    from gemma_embed.models import registry
+
+    names = [family.name for family in registry.families()]
+    for modality in Modality:
+        text = " ".join(help_text(str(modality)).split())
+        running = [family.name for family in registry.families() if modality in family.commands]
+        # the longest name first: "EmbeddingGemma 2" mentions EmbeddingGemma 2, not EmbeddingGemma
+        pattern = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+        mentioned = set(re.findall(rf"\b(?:{pattern})\b", text))
+        assert not mentioned or set(running) <= mentioned, (modality, sorted(mentioned))

@@ -196,6 +196,7 @@ def _same_output(a: Path, b: Path) -> None:
         assert torch.equal(ra[key], rb[key]), key
     ma, mb = gemma_embed.read_metadata(a), gemma_embed.read_metadata(b)
     assert ma == mb
+    assert a.read_bytes() == b.read_bytes()  # and so the same file, byte for byte
 
 
 def _start_and_stop(tmp_path, images, out, sig) -> subprocess.CompletedProcess:

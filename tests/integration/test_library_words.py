@@ -3,6 +3,8 @@ Embedder keywords) from Python."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from helpers import ROOT, SAMPLE_MODEL, run_images
 
@@ -66,3 +68,43 @@ def test_a_resumed_run_counts_its_rate_over_computed_items(tmp_path):
     (line,) = [line for line in err.splitlines() if " ok" in line]
     assert line.startswith("3 ok (3 reused), 0 failed in ") and "(nothing computed)" in line
     assert records[-1]["items_per_s"] == 0.0
+
+
+EMBEDDINGGEMMA2 = ROOT / "samples" / "tiny-embeddinggemma2"
+
+
+@pytest.mark.parametrize(
+    ("keywords", "named"),
+    [
+        ({"truncate_dim": -1}, "truncate_dim"),  # sentence-transformers' word for RunConfig's dim
+        ({"truncate_dim": 100_000}, "truncate_dim"),
+        ({"dim": 0}, "dim"),
+        ({"batch_size": -3}, "batch_size"),
+        ({"device": "bogus"}, "device"),
+        ({"device": "cuda:99"}, "device"),  # no such CUDA device here, or none at all
+        ({"precision": "int4"}, "precision"),
+    ],
+)
+def test_encode_errors_name_the_keyword_the_caller_wrote_never_a_flag(keywords, named):
+    """Every bad keyword of `encode` (the sentence-transformers face) is a UsageError that starts with the keyword as
+    the caller wrote it, and names no command-line flag."""
+    embedder = gemma_embed.Embedder(EMBEDDINGGEMMA2, device="cpu")
+    with pytest.raises(UsageError) as caught:
+        embedder.encode("a cat", **keywords)
+    message = str(caught.value)
+    assert message.startswith(named), message
+    assert "--" not in message, message
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("batch_size", -3), ("workers", 0), ("memory_budget", "lots"), ("dim", 0), ("shard_size", -1)],
+)
+def test_run_config_errors_name_the_field(tmp_path, field, value):
+    """A RunConfig is checked when it runs: the error names the field as the caller wrote it, never a flag."""
+    out = tmp_path / "o.safetensors"
+    config = gemma_embed.RunConfig(modality="images", inputs=[IMAGES], model=str(SAMPLE_MODEL), output=out)
+    with pytest.raises((UsageError, ValueError)) as caught:
+        gemma_embed.run(dataclasses.replace(config, **{field: value}))
+    assert str(caught.value).startswith(f"{field}: ") and "--" not in str(caught.value), str(caught.value)
+    assert not out.exists()
