@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,9 +52,22 @@ RECORD_FIELDS: dict[str, type] = {
     "settings": dict,
     "header": dict,
     "faiss": dict,
+    "arrays_crc32": int,
 }
 RECORD_TYPES = {str: "text", int: "whole number", list: "JSON list", dict: "JSON object"}
 NORM_TOLERANCE = 1e-4
+
+
+def arrays_crc32(arrays: dict[str, np.ndarray]) -> int:
+    """CRC-32 of the table's arrays (TABLE_ARRAYS, in order), recorded when the table is written and checked each
+    time it is opened: the sampled norms miss a norm scaled up at a row they do not sample (that item then silently
+    drops out of every answer), and the boundary checks miss an item boundary moved by one that still rises. Every
+    array once: 4.8 MB at 200,000 rows, about 1 ms (CRC-32 ran at 4.5 GB/s on the 2-core AMD EPYC, store/digests.py);
+    damage, not forgery, is what it is for (the record sits in the same file)."""
+    crc = 0
+    for name in TABLE_ARRAYS:
+        crc = zlib.crc32(np.ascontiguousarray(arrays[name]).data, crc)
+    return crc
 
 
 def output_stem(output: str | os.PathLike) -> Location:
@@ -311,6 +325,7 @@ def write_table(path: str | os.PathLike | Location, record: dict, table: RowTabl
         "line_starts": starts,
         "lines": np.frombuffer(blob, np.uint8),
     }
+    record["arrays_crc32"] = arrays_crc32(arrays)
     metadata = {"format": TABLE_FORMAT, "created_by": f"gemma-embed {__version__}", "record": json.dumps(record)}
     tensors = {name: TensorEntry(SAFETENSORS_NAMES[a.dtype], list(a.shape), a.nbytes) for name, a in arrays.items()}
     with path.atomic_write() as fh:
@@ -422,7 +437,8 @@ def check_table(table: RowTable, record: dict, arrays: dict[str, np.ndarray]) ->
     rows of the output): dtypes and lengths, item boundaries that rise from 0 to the last row and meet the files'
     boundaries (a shuffled `item_rows` would name the wrong keys), line offsets that rise, and norms that are
     finite, not negative and, at NORM_SAMPLE_ROWS rows, what the rows give (damaged norms would make cosines of
-    any size). None when it holds together."""
+    any size); then the arrays' CRC-32 against the record's, for damage anywhere else. None when it holds
+    together."""
     for name, dtype in TABLE_ARRAYS.items():
         if arrays[name].dtype != dtype or arrays[name].ndim != 1:
             return f"its {name} are not a 1-D {np.dtype(dtype).name} array"
@@ -443,6 +459,8 @@ def check_table(table: RowTable, record: dict, arrays: dict[str, np.ndarray]) ->
         recorded = norms[sample]
         if (np.abs(_sample_norms(table, sample) - recorded) > NORM_TOLERANCE * recorded).any():
             return "its row norms are not the output's rows' (from other vectors, or damaged)"
+    if arrays_crc32(arrays) != record["arrays_crc32"]:  # last: the checks above say more about what is wrong
+        return "its arrays are not the ones it was written with (damaged)"
     return None
 
 

@@ -96,6 +96,59 @@ def test_resume_refuses_a_parts_folder_replaced_by_a_link_and_writes_nothing_thr
     assert "free space" not in line and snapshot(elsewhere) == before and not out.exists()
 
 
+def test_resume_refuses_a_part_file_replaced_by_a_link_and_leaves_its_target_alone(tmp_path, images):
+    out = tmp_path / "out.safetensors"
+    run = GatedRun(tmp_path, images, out)
+    run.let_through(0)
+    run.wait_for_parts(1)
+    stopped = run.finish(signal.SIGINT)
+    assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr
+    (part,) = run.parts.glob("part-*.safetensors")
+    victim = _victim(tmp_path)
+    shutil.copyfile(part, victim)  # a valid part's bytes: the link's target would be read, and replaced on resume
+    part.unlink()
+    part.symlink_to(victim)
+    before = snapshot(victim.parent)
+    code, stdout, stderr = _cli("images", images, "--model", run.args[7], "-o", out, "--resume", "--flush-every", "1")
+    assert code == 2
+    line = _one_error(stderr)
+    assert line.startswith(f"error: {part}: not a part file (a symbolic link to {victim}; not followed)"), line
+    assert snapshot(victim.parent) == before and not out.exists()
+
+
+@pytest.mark.parametrize("named", ["../victim.safetensors", "{victim}"], ids=["leading out", "absolute"])
+@pytest.mark.parametrize("command", ["inspect", "search", "export", "index", "resume"])
+def test_a_sharded_outputs_index_naming_a_shard_outside_its_folder_is_refused(tmp_path, named, command):
+    """OUT.index.json lists its shards by name: a name leading out of the output's folder (a forged or foreign
+    index) is one error line from every reader and from --resume, and the file it names is left alone."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    out = folder / "o.safetensors"
+    lines = "\n".join(f"{TEXTS[n % 4]} ({n})" for n in range(5))
+    code, _, stderr = _cli("text", "-", "--model", EG2, "-o", out, "--shard-size", "2", "-q", stdin=lines)
+    assert code == 0, stderr
+    victim = tmp_path / "victim.safetensors"
+    shutil.copyfile(folder / "o-00001.safetensors", victim)  # a shard's bytes: it would be read as one
+    index = folder / "o.index.json"
+    record = json.loads(index.read_text())
+    name = named.format(victim=victim)
+    record["shards"][1] = name
+    index.write_text(json.dumps(record))
+    before = snapshot(tmp_path)
+    args = {
+        "inspect": ("inspect", index),
+        "search": ("search", index, "a cat"),
+        "export": ("export", index, "--to", "npy", "-o", tmp_path / "e.npy"),
+        "index": ("index", index),
+        "resume": ("text", "-", "--model", EG2, "-o", out, "--shard-size", "2", "--resume"),
+    }[command]
+    code, stdout, stderr = _cli(*args, stdin=lines)
+    assert code == 2 and stdout == ""
+    line = _one_error(stderr)
+    assert line.startswith(f"error: {index}: not a gemma-embed/1 index (names {name!r}, outside its folder)"), line
+    assert snapshot(tmp_path) == before
+
+
 def test_a_parts_folder_swapped_for_a_link_during_a_run_stops_it_without_writing_through_the_link(tmp_path, images):
     out = tmp_path / "out.safetensors"
     run = GatedRun(tmp_path, images, out)
@@ -284,15 +337,26 @@ def test_a_table_with_damaged_norms_or_item_rows_is_refused(copy, damage, reason
     _refused(copy, _table(copy), reason)
 
 
-def test_a_norm_damaged_where_the_open_check_does_not_look_is_refused_when_a_hit_scores_past_one(copy):
+@pytest.mark.parametrize("scale", [1e-6, 1e3], ids=["scaled down", "scaled up"])
+def test_a_norm_damaged_where_the_sampled_check_does_not_look_is_refused(copy, scale):
+    """A norm scaled down would score its row past a cosine of 1; one scaled up drops its item out of every answer
+    without a word (exit 0, found by trying): the arrays' checksum refuses both when the table is opened."""
     from gemma_embed.store.row_table import NORM_SAMPLE_ROWS
 
     sampled = set(np.linspace(0, 79, NORM_SAMPLE_ROWS).astype(np.int64).tolist())  # the rows opening compares
     row = next(n for n in range(80) if n not in sampled)
-    _rewrite_table(copy, arrays=lambda a: a["norms"].__setitem__(row, a["norms"][row] * 1e-6))
-    _refused(copy, _table(copy), "a row's recorded norm is wrong (it scored", "-k", "80")  # every row a hit
-    code, stdout, stderr = _search(copy, "-k", "80", "--exact")  # the output's own norms: every cosine at most 1
-    assert code == 0 and max(json.loads(line)["score"] for line in stdout.splitlines()) <= 1.0 + 1e-6, stderr
+    _rewrite_table(copy, arrays=lambda a: a["norms"].__setitem__(row, a["norms"][row] * scale))
+    _refused(copy, _table(copy), "its arrays are not the ones it was written with (damaged)", "-k", "80")
+    code, stdout, stderr = _search(copy, "-k", "80", "--exact")  # the output's own norms: every row, cosines <= 1
+    assert code == 0, stderr
+    scores = [json.loads(line)["score"] for line in stdout.splitlines()]
+    assert len(scores) == 80 and max(scores) <= 1.0 + 1e-6
+
+
+def test_an_item_boundary_moved_by_one_is_refused(copy):
+    """Boundaries that still rise and meet the files' rows, one of them moved by a row: the wrong key for a row."""
+    _rewrite_table(copy, arrays=lambda a: a["item_rows"].__setitem__(3, a["item_rows"][3] + 1))
+    _refused(copy, _table(copy), "its arrays are not the ones it was written with (damaged)")
 
 
 def test_an_output_rewritten_with_its_size_and_time_kept_is_refused(copy, indexed):
@@ -303,14 +367,20 @@ def test_an_output_rewritten_with_its_size_and_time_kept_is_refused(copy, indexe
 
 
 @pytest.mark.parametrize("which", ["o.faiss", "o.search-index"])
-def test_an_index_file_that_is_a_fifo_is_refused_at_once(copy, which):
-    fifo = copy.with_name(which)
-    fifo.unlink()
-    os.mkfifo(fifo)
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_an_index_file_that_is_a_fifo_or_a_device_is_refused_at_once(copy, which, kind):
+    special = copy.with_name(which)
+    special.unlink()
+    if kind == "fifo":
+        os.mkfifo(special)
+        said = "not a regular file (a FIFO); not read"
+    else:  # a link to /dev/zero: read, it would never end
+        special.symlink_to("/dev/zero")
+        said = "not a regular file (a character device); not read"
     # The command's own process: a FIFO opened for reading would wait for a writer forever (the timeout fails it).
     proc = subprocess.run(
         [EXE, "search", str(copy), "a cat", "-k", "3"], capture_output=True, text=True, timeout=120, check=False
     )
     assert proc.returncode == 2 and proc.stdout == ""
     line = _one_error(proc.stderr)
-    assert line == f"error: {fifo}: not a regular file (a FIFO); not read" + REBUILD.format(out=copy)
+    assert line == f"error: {special}: {said}" + REBUILD.format(out=copy)
