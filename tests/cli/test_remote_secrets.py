@@ -1,11 +1,14 @@
-"""No secret leaves the tool: with the store's secret key in the environment, signed URLs (their signature in the
-query string) and a password in a URL among the inputs, and failures among them, neither appears in any file a run
-writes (its output, parts, errors file and lock, locally and in the bucket, and the search index) nor in any line it
-prints on stdout or stderr, --debug tracebacks included. The signed URLs were fetched as given: the server saw the
-signature; only what is recorded lost it."""
+"""No secret leaves the tool: with the store's secret key, a session token and a Hugging Face token in the
+environment, signed URLs (their signature in the query string) and a password in a URL among the inputs, and failures
+among them, none appears in any file a run writes (its output, parts, errors file and lock, locally and in the bucket,
+the search index, an export, and anything under its home, cache and temporary folders) nor in any line it prints on
+stdout or stderr (embed runs, index, inspect, search and export of the output in the bucket), the embed runs'
+--debug tracebacks included. The signed URLs were fetched as given: the server saw the signature; only what is
+recorded lost it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -19,12 +22,26 @@ import gemma_embed
 
 NAMES = list(IMAGES)[:4]
 PASSWORD = "pa55-w0rd-0f-the-test-42"
-SECRETS = (SECRET_KEY, SIGNATURE, PASSWORD)
+SESSION_TOKEN = "Sess10n-T0ken-0f-the-test-1a2b3c4d5e"
+HF_TOKEN = "hf_T0kenOfTheTestNotARealOne0123456789"
+SECRETS = (SECRET_KEY, SIGNATURE, PASSWORD, SESSION_TOKEN, HF_TOKEN)
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "gemma_embed.cli", *args, "--model", str(MODEL), "--max-soft-tokens", "70"]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+def _command(*args: str, root) -> subprocess.CompletedProcess:
+    """The tool in its own process, with the tokens in its environment and its home, cache and temporary folders
+    under `root/private-home` (grepped with the rest)."""
+    home = root / "private-home"
+    (home / "tmp").mkdir(parents=True, exist_ok=True)
+    secrets = {"AWS_SESSION_TOKEN": SESSION_TOKEN, "HF_TOKEN": HF_TOKEN}
+    folders = {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "TMPDIR": str(home / "tmp")}
+    command = [sys.executable, "-m", "gemma_embed.cli", *args]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env={**os.environ, **secrets, **folders}
+    )
+
+
+def _run(*args: str, root) -> subprocess.CompletedProcess:
+    return _command(*args, "--model", str(MODEL), "--max-soft-tokens", "70", root=root)
 
 
 @pytest.fixture(scope="module")
@@ -59,26 +76,31 @@ def test_no_secret_in_any_file_written_or_line_printed(setting):
     local.parent.mkdir()
     runs = [
         _run("images", "s3://private/photos", str(root / "signed.parquet"), "--url-column", "url", "-o", str(local),
-             "--url-retries", "1", "--debug", "--jsonl", "--flush-every", "1"),
+             "--url-retries", "1", "--debug", "--jsonl", "--flush-every", "1", root=root),
         _run("images", "s3://private/photos", str(root / "signed.parquet"), "--url-column", "url",
-             "-o", "s3://private/run/emb.safetensors", "--url-retries", "1", "--debug", "--jsonl", "--shard-size", "3"),
+             "-o", "s3://private/run/emb.safetensors", "--url-retries", "1", "--debug", "--jsonl", "--shard-size", "3",
+             root=root),
     ]  # fmt: skip
     for run in runs:
         assert run.returncode == 1, run.stderr  # the failing URLs, named; the rest written
         assert "error: signed.parquet" not in run.stderr and "cannot fetch" in run.stderr
         assert _leaks(run.stdout) == [] and _leaks(run.stderr) == [], run.stderr
-    index = subprocess.run(
-        [sys.executable, "-m", "gemma_embed.cli", "index", "s3://private/run/emb.safetensors"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert index.returncode == 0, index.stderr
-    assert _leaks(index.stdout + index.stderr) == []
+    remote = "s3://private/run/emb.safetensors"
+    readers = [
+        ("index", remote),
+        ("inspect", remote),
+        ("search", remote, "--image", str(root / "images" / NAMES[0]), "--model", str(MODEL), "--jsonl"),
+        ("export", remote, "--to", "parquet", "-o", str(root / "out" / "emb.parquet")),
+    ]
+    for args in readers:
+        done = _command(*args, root=root)
+        assert done.returncode == 0, (args[0], done.stderr)
+        assert _leaks(done.stdout + done.stderr) == [], (args[0], done.stderr)
 
-    written = {str(p): p.read_bytes() for p in files_under(root / "out")}
+    written = {str(p): p.read_bytes() for p in [*files_under(root / "out"), *files_under(root / "private-home")]}
     written.update({key: fs.cat_file(key) for key in fs.find("private/run")})
-    assert any(name.endswith("emb.errors.jsonl") for name in written) and len(written) >= 6
+    assert any(name.endswith("emb.errors.jsonl") for name in written) and len(written) >= 7
+    assert any(name.endswith("emb.parquet") for name in written)
     for name, data in written.items():
         assert [s for s in SECRETS if s.encode() in data] == [], name
 
