@@ -73,6 +73,11 @@ def test_a_resumed_run_counts_its_rate_over_computed_items(tmp_path):
 EMBEDDINGGEMMA2 = ROOT / "samples" / "tiny-embeddinggemma2"
 
 
+@pytest.fixture(scope="module")
+def text_embedder():
+    return gemma_embed.Embedder(EMBEDDINGGEMMA2, device="cpu")  # loaded once for every keyword below
+
+
 @pytest.mark.parametrize(
     ("keywords", "named"),
     [
@@ -85,12 +90,11 @@ EMBEDDINGGEMMA2 = ROOT / "samples" / "tiny-embeddinggemma2"
         ({"precision": "int4"}, "precision"),
     ],
 )
-def test_encode_errors_name_the_keyword_the_caller_wrote_never_a_flag(keywords, named):
+def test_encode_errors_name_the_keyword_the_caller_wrote_never_a_flag(text_embedder, keywords, named):
     """Every bad keyword of `encode` (the sentence-transformers face) is a UsageError that starts with the keyword as
     the caller wrote it, and names no command-line flag."""
-    embedder = gemma_embed.Embedder(EMBEDDINGGEMMA2, device="cpu")
     with pytest.raises(UsageError) as caught:
-        embedder.encode("a cat", **keywords)
+        text_embedder.encode("a cat", **keywords)
     message = str(caught.value)
     assert message.startswith(named), message
     assert "--" not in message, message
