@@ -25,6 +25,39 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def warm_cli(request, tmp_path_factory):
+    """One server per pytest process that forks the command for the tests' `EXE` (tests/warm_cli.py), started
+    when the session runs a test outside tests/unit (the unit subset starts no command). Nothing waits for it:
+    a run before it is listening is a real start."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+    from warm_cli import SOCKET_VARIABLE
+
+    if os.environ.get("GEMMA_EMBED_TEST_NO_WARM_CLI") or all(
+        Path(str(item.fspath)).parent.name == "unit" for item in request.session.items
+    ):
+        yield
+        return
+    folder = tmp_path_factory.mktemp("warm-cli")
+    socket_path = folder / "socket"
+    with open(folder / "server.log", "wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "warm_cli.py"), str(socket_path), str(folder / "ready")],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+    os.environ[SOCKET_VARIABLE] = str(socket_path)
+    yield
+    os.environ.pop(SOCKET_VARIABLE, None)
+    server.terminate()
+    server.wait(timeout=60)
+
+
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def device(request) -> str:
     """The device an equivalence test runs the tool and transformers' reference on: the CPU always, CUDA as the

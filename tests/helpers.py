@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import warm_cli
+
 ROOT = Path(__file__).resolve().parents[1]
 # The command line run as a subprocess imports this checkout's package (a worktree's, not the editable install's);
 # in-process, pytest's `pythonpath` setting (pyproject.toml) puts the checkout and samples/ first.
@@ -19,7 +21,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get
 
 SAMPLE_MODEL = ROOT / "samples" / "tiny-gemma4"
 TEST_MEDIA = ROOT / "tests" / "media"  # real media other projects made (tests/media/SOURCES.md)
-EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
+# The installed console script, a new process for each run: for tests that watch the process itself (its RSS, its
+# /proc entries, what a SIGKILL leaves) or its start.
+REAL_EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
+# The same command forked from a server that has imported it (tests/warm_cli.py: 4.5 s of imports saved a run);
+# without the server, or for a run whose start it cannot reproduce, it is REAL_EXE.
+EXE = warm_cli.launcher(ROOT / "tests")
+os.environ[warm_cli.REAL_VARIABLE] = REAL_EXE
 SLOW_EXE = ROOT / "tests" / "slow_gemma_embed.py"  # the real CLI with a delay before each encode (its docstring)
 
 # A wrapper whose only child is the gemma-embed command: RUSAGE_CHILDREN's ru_maxrss is then that command's peak.

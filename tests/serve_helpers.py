@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from helpers import EXE, ROOT
+from helpers import EXE, REAL_EXE, ROOT
 
 TINY_EG2 = ROOT / "samples" / "tiny-embeddinggemma2"
 SAMPLE_IMAGES = ROOT / "samples" / "media" / "images"
@@ -38,7 +38,7 @@ class ServerProcess:
     """A running `gemma-embed serve`: its URL, its stdout events, its stderr lines, its RSS; stopped by a signal."""
 
     def __init__(self, *args: str, env: dict | None = None):
-        command = [EXE, "serve", "--port", "0", *args]
+        command = [REAL_EXE, "serve", "--port", "0", *args]  # its RSS is read from /proc
         self.proc = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,

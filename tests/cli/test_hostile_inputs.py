@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import EXE, PEAK_RSS_WRAPPER, SAMPLE_MODEL, run_images, write_image
+from helpers import EXE, PEAK_RSS_WRAPPER, REAL_EXE, SAMPLE_MODEL, run_images, write_image
 from tar_helpers import gnu_sparse_member, gnu_tar, regular, sparse_file, write_tar
 
 import gemma_embed
@@ -54,7 +54,7 @@ def test_a_sparse_3_gib_member_is_a_failure_and_peak_rss_stays_under_1_5_gb(tmp_
     # budget never exceeds what is free, so on a host short of memory it is less, down to the 256 MiB floor.
     # fmt: off
     args = [
-        EXE, "images", *map(str, shards), "--model", str(MODEL), "-o", str(out), "--max-soft-tokens", "70",
+        REAL_EXE, "images", *map(str, shards), "--model", str(MODEL), "-o", str(out), "--max-soft-tokens", "70",
         "--memory-budget", "2GiB", "--jsonl",
     ]
     # fmt: on
@@ -141,7 +141,7 @@ def test_sigterm_while_the_path_list_on_stdin_waits_saves_what_is_done(tmp_path)
     parts = out.with_name(out.name + ".parts")
     options = ["--model", str(MODEL), "-o", str(out), "--max-soft-tokens", "70", "--device", "cpu"]
     proc = subprocess.Popen(
-        [EXE, "images", "-", *options, "--flush-every", "1", "--workers", "1"],
+        [REAL_EXE, "images", "-", *options, "--flush-every", "1", "--workers", "1"],  # its /proc entry is read
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, SLOW_EXE, TEST_MEDIA, write_image
+from helpers import EXE, ROOT, SLOW_EXE, TEST_MEDIA, write_image
 
 import gemma_embed
 
 MODEL = ROOT / "samples" / "tiny-gemma4"
-EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
 
 
 def without_root_privilege() -> list[str]:

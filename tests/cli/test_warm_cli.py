@@ -1,0 +1,126 @@
+"""The tests' `EXE` (the command forked from a server that has imported it, tests/warm_cli.py) behaves as the
+installed command started anew, which the rest of the suite relies on: the same exit code, records and output
+bytes; the signals a test sends reach the command; a caller killed with SIGKILL takes its command with it; and a run
+whose environment differs in what is read at import is a real start."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from helpers import EXE, REAL_EXE, ROOT, SAMPLE_MODEL
+from warm_cli import SOCKET_VARIABLE
+
+SAMPLE_IMAGES = ROOT / "samples" / "media" / "images"
+TEXT_MODEL = ROOT / "samples" / "tiny-embeddinggemma"
+
+
+@pytest.fixture
+def server_log() -> Path:
+    """The server's log, once it listens (its socket accepts a connection); skipped where no server was started
+    (GEMMA_EMBED_TEST_NO_WARM_CLI)."""
+    path = os.environ.get(SOCKET_VARIABLE)
+    if not path:
+        pytest.skip("no warm command server in this session (GEMMA_EMBED_TEST_NO_WARM_CLI is set)")
+    deadline = time.monotonic() + 300  # its imports: seconds on a quiet machine, more beside the suite
+    while True:
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(path)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the warm command server never listened"
+                time.sleep(0.05)
+    return Path(path).parent / "server.log"
+
+
+def _forked(log: Path) -> int:
+    return log.read_text().count(": forked ")
+
+
+def _items(stdout: str) -> list[dict]:
+    return [r for r in map(json.loads, stdout.splitlines()) if r.get("type") == "item"]
+
+
+def test_a_run_through_the_server_equals_a_real_start(tmp_path, server_log):
+    runs = {}
+    for name, exe in (("warm", EXE), ("real", REAL_EXE), ("warm again", EXE)):
+        folder = tmp_path / name
+        folder.mkdir()
+        before = _forked(server_log)
+        proc = subprocess.run(
+            [exe, "images", SAMPLE_IMAGES, "--model", SAMPLE_MODEL, "-o", "out.safetensors", "--jsonl"],
+            capture_output=True,
+            text=True,
+            cwd=folder,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert _forked(server_log) - before == (0 if exe == REAL_EXE else 1)
+        runs[name] = (_items(proc.stdout), (folder / "out.safetensors").read_bytes())
+    assert runs["warm"][0] and runs["warm"] == runs["real"] == runs["warm again"]
+
+    usage = [subprocess.run([exe, "images", "--batch-size", "zero"], capture_output=True) for exe in (EXE, REAL_EXE)]
+    assert usage[0].returncode == usage[1].returncode == 2
+    assert usage[0].stderr == usage[1].stderr and usage[0].stderr.startswith(b"error: ")
+
+
+def _start_serving(exe: str) -> tuple[subprocess.Popen, tuple[str, int]]:
+    proc = subprocess.Popen(
+        [exe, "serve", "--port", "0", "--model", TEXT_MODEL],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    address = None
+    for line in proc.stdout:  # the server's own announcements: listening, then ready once the model is loaded
+        event = json.loads(line)
+        if event["type"] == "listening":
+            parts = urlsplit(event["url"])
+            address = (parts.hostname, parts.port)
+        if event["type"] == "ready" and address is not None:
+            return proc, address
+    raise AssertionError(f"no 'ready' event: {proc.stderr.read()}")
+
+
+def _accepts(address: tuple[str, int]) -> bool:
+    try:
+        socket.create_connection(address, timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_signals_reach_the_command_and_a_killed_caller_takes_it_along(server_log):
+    before = _forked(server_log)
+    proc, address = _start_serving(EXE)
+    assert _forked(server_log) == before + 1 and _accepts(address)
+    proc.send_signal(signal.SIGTERM)  # the server's documented stop: exit 0 (docs/serve.md)
+    assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    assert not _accepts(address)
+
+    proc, address = _start_serving(EXE)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    deadline = time.monotonic() + 60
+    while _accepts(address):  # the command notices its caller's end at once and kills itself
+        assert time.monotonic() < deadline, "the command outlived its killed caller"
+        time.sleep(0.05)
+
+
+def test_a_run_whose_environment_differs_at_import_is_a_real_start(server_log):
+    before = server_log.read_text()
+    proc = subprocess.run(
+        [EXE, "--version"], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120
+    )
+    real = subprocess.run([REAL_EXE, "--version"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == real.returncode == 0 and proc.stdout == real.stdout
+    assert server_log.read_text()[len(before) :].strip() == "['--version']: a real start (environment: HF_HUB_OFFLINE)"

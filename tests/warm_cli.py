@@ -1,0 +1,321 @@
+"""The command line for the tests, forked from a process that has already imported it.
+
+Why: a `gemma-embed` process spends about 4.5 s of CPU importing torch and transformers before it reads its
+first argument (a run on the tiny samples takes 5.8 s, of which the work is under a second, on this project's
+2-core EPYC). The suite started about 175 such processes: 560 s of the 842 s of CPU time its processes used.
+Here each pytest process starts one server that imports the package, torch and transformers once; the tests'
+`EXE` (a launcher running `client`) asks it for a run, and the server forks a child that becomes the command:
+it takes the caller's stdin, stdout and stderr (passed over a Unix socket), working folder, umask and
+environment, and runs `gemma_embed.cli.main()` as the console script does. The caller is a real process the
+test drives as before: its exit code or signal is the command's, and the signals a test sends it (SIGINT,
+SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2) are passed on to the command. If the caller dies (SIGKILL), the command
+kills itself at once. tests/cli/test_warm_cli.py checks each of these against the installed command.
+
+What a forked child cannot give is the start of a new process, so those runs are a real `exec` of the installed
+command (the server's log names the reason): an environment that differs in anything read at import time (all
+but `RUNTIME_VARIABLES`), other resource limits or capabilities, or no server yet. Tests that watch the process
+itself (its RSS, its /proc entries, the PID in a lock file, what a SIGKILL leaves) or its imports use `REAL_EXE`,
+`SLOW_EXE` or `python -c`; tests/cli/test_start_up_imports.py checks the real start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+SOCKET_VARIABLE = "GEMMA_EMBED_TEST_CLI_SOCKET"
+REAL_VARIABLE = "GEMMA_EMBED_TEST_REAL_CLI"
+# Read by the command (or the libraries it calls) when it runs, not when it is imported: they may differ between
+# the server's environment and the caller's.
+# (Ray's client sets RAY_* and PYTHONBREAKPOINT in the pytest process once a test starts a cluster; the server
+# imports no Ray, and the command reads them when it starts one.)
+RUNTIME_VARIABLES = (
+    "COLUMNS", "LINES", "TERM", "NO_COLOR", "FORCE_COLOR", "PWD", "OLDPWD", "_", "PYTHONUNBUFFERED",
+    "PYTHONBREAKPOINT", SOCKET_VARIABLE,
+)  # fmt: skip
+RUNTIME_PREFIXES = ("PYTEST_", "GEMMA_EMBED_", "AWS_", "TORCHINDUCTOR_", "RAY_")
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+PRELOADED = (
+    "torch",
+    "transformers.modeling_utils",
+    "transformers.processing_utils",
+    "gemma_embed.cli",
+    "gemma_embed.pipeline",
+    "gemma_embed.models.gemma4",
+    "gemma_embed.models.gemma3",
+    "gemma_embed.models.gemma3n",
+    "gemma_embed.models.embeddinggemma",
+    "gemma_embed.models.embeddinggemma2",
+    "gemma_embed.media.image",
+    "gemma_embed.media.video",
+    "gemma_embed.media.audio",
+)
+LIMITS = tuple(getattr(__import__("resource"), name) for name in ("RLIMIT_AS", "RLIMIT_FSIZE", "RLIMIT_NOFILE"))
+
+
+def _import_time_environment(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in RUNTIME_VARIABLES and not k.startswith(RUNTIME_PREFIXES)}
+
+
+def _limits() -> list:
+    """What the kernel lets this process do, which a forked child would take from the server instead: resource
+    limits and capabilities (`setpriv --bounding-set=-dac_override` before a run drops root's)."""
+    import resource
+
+    with open("/proc/self/status") as status:
+        capabilities = [line.strip() for line in status if line.startswith("Cap")]
+    return [[list(resource.getrlimit(limit)) for limit in LIMITS], capabilities]
+
+
+def _send(conn: socket.socket, message: dict) -> None:
+    conn.sendall(json.dumps(message).encode() + b"\n")
+
+
+def _receive(reader) -> dict | None:
+    line = reader.readline()
+    return json.loads(line) if line else None
+
+
+# ---------------------------------------------------------------------------------------------- the caller
+
+
+def launcher(tests: Path) -> str:
+    """An executable `gemma-embed` that runs `client` with this interpreter, named by its absolute path (a shim
+    such as pyenv's would change the environment on the way). Written once under the temporary folder."""
+    import hashlib
+    import tempfile
+
+    text = (
+        f"#!{sys.executable}\n"
+        f"import sys\nsys.path.insert(0, {str(tests)!r})\n"
+        "from warm_cli import client\nclient(sys.argv[1:])\n"
+    )
+    folder = Path(tempfile.gettempdir()) / f"gemma-embed-tests-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    path = folder / "gemma-embed"
+    if not path.exists():
+        folder.mkdir(exist_ok=True)
+        temporary = folder / f".gemma-embed.{os.getpid()}"
+        temporary.write_text(text)
+        temporary.chmod(0o755)
+        os.replace(temporary, path)
+    return str(path)
+
+
+def client(argv: list[str]) -> None:
+    """`tests/bin/gemma-embed`: the run through the server, else the installed command itself."""
+    real = os.environ.get(REAL_VARIABLE) or "gemma-embed"
+    path = os.environ.get(SOCKET_VARIABLE)
+    conn = None
+    if path:
+        try:
+            for fd in (0, 1, 2):
+                os.fstat(fd)  # a closed standard stream: the real command decides what that means
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.connect(path)
+        except OSError:
+            conn = None
+    if conn is None:
+        os.execvp(real, [real, *argv])
+    request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "umask": os.umask(0o22), "limits": _limits()}
+    os.umask(request["umask"])
+    socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
+    reader = conn.makefile("rb")
+    answer = _receive(reader)
+    if answer is None or "pid" not in answer:
+        conn.close()
+        os.execvp(real, [real, *argv])
+    pid = answer["pid"]
+
+    def forward(signum, frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
+    done = _receive(reader)
+    status = done["status"] if done is not None else 9  # the server went away: as if killed
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+# ---------------------------------------------------------------------------------------------- the server
+
+
+def serve(path: str, ready: str) -> None:
+    """Import what a run imports, then fork a command for each caller until the socket's file is removed."""
+    import importlib
+    import threading
+
+    # What the runs on the samples import, torch and transformers' modelling first. Nothing here computes with
+    # torch: a child forked after OpenMP's threads have started would wait for threads it does not have.
+    for name in PRELOADED:
+        importlib.import_module(name)
+    environment = _import_time_environment(dict(os.environ))
+    limits = _limits()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    with open(ready, "w") as out:
+        out.write(str(os.getpid()))
+    while True:
+        conn, _ = listener.accept()
+        try:
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            while not message.endswith(b"\n"):
+                more = conn.recv(1 << 20)
+                if not more:
+                    break
+                message += more
+            request = json.loads(message)
+        except (OSError, ValueError):
+            conn.close()
+            continue
+        reason = None
+        if len(fds) != 3:
+            reason = "standard streams"
+        elif _import_time_environment(request["env"]) != environment:
+            theirs = _import_time_environment(request["env"])
+            names = sorted(k for k in environment.keys() | theirs.keys() if environment.get(k) != theirs.get(k))
+            reason = f"environment: {', '.join(names)}"
+        elif request["limits"] != limits:
+            reason = "resource limits"
+        if reason is not None:
+            print(f"{request['argv'][:1]}: a real start ({reason})", flush=True)
+            _send(conn, {"fallback": reason})
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            continue
+        pid = os.fork()
+        if pid == 0:
+            listener.close()
+            _become_the_command(request, fds, conn)
+        for fd in fds:
+            os.close(fd)
+        _send(conn, {"pid": pid})
+        print(f"{request['argv'][:1]}: forked {pid}", flush=True)
+        threading.Thread(target=_report_exit, args=(pid, conn), daemon=True).start()
+
+
+def _report_exit(pid: int, conn: socket.socket) -> None:
+    _, status = os.waitpid(pid, 0)
+    try:
+        _send(conn, {"status": status})
+    except OSError:
+        pass
+    conn.close()
+
+
+def _become_the_command(request: dict, fds: list[int], conn: socket.socket) -> None:
+    """In the forked child: the caller's streams, folder, umask and environment, then the console script."""
+    import atexit
+    import tempfile
+    import threading
+
+    code = 1
+    try:
+        for signum in range(1, signal.NSIG):  # as a new interpreter sets them
+            try:
+                signal.signal(signum, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.umask(request["umask"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ.pop(SOCKET_VARIABLE, None)
+        tempfile.tempdir = None  # computed again from this environment's TMPDIR
+        _standard_streams()
+
+        def caller_gone():  # EOF: the caller died (a SIGKILL a test sent it); so does the command
+            while conn.recv(1 << 10):
+                pass
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=caller_gone, daemon=True).start()
+        sys.argv = [os.environ.get(REAL_VARIABLE) or "gemma-embed", *request["argv"]]
+        from gemma_embed.cli import main
+
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = _exit_code(exc.code)
+        except KeyboardInterrupt:
+            import traceback
+
+            traceback.print_exc()
+            _flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        threading._shutdown()  # as the interpreter does at exit: wait for the threads that are not daemons
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001 - the child must never return into the server's loop
+        import traceback
+
+        traceback.print_exc()
+    code = _flush(code)
+    os._exit(code)
+
+
+def _exit_code(value) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    print(value, file=sys.stderr)
+    return 1
+
+
+def _standard_streams() -> None:
+    """sys.stdin/stdout/stderr made anew on fds 0-2, as a new interpreter makes them: stdout line-buffered on a
+    terminal only, stderr always line-buffered, the same encoding and error handlers as the server's."""
+    import io
+
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    streams = []
+    for fd, mode, old in ((0, "rb", sys.stdin), (1, "wb", sys.stdout), (2, "wb", sys.stderr)):
+        raw = open(fd, mode, buffering=0 if unbuffered and fd else -1, closefd=False)
+        line_buffering = fd == 2 or (fd == 1 and os.isatty(1))
+        streams.append(
+            io.TextIOWrapper(
+                raw,
+                encoding=old.encoding,
+                errors=old.errors,
+                line_buffering=line_buffering and not unbuffered,
+                write_through=unbuffered and fd != 0,
+            )
+        )
+    sys.stdin, sys.stdout, sys.stderr = streams
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams
+
+
+def _flush(code: int = 1) -> int:
+    """Flush stdout and stderr as the interpreter does at exit: a failed flush of stdout is exit code 120."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            if stream is sys.stdout and code == 0:
+                code = 120
+    return code
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], sys.argv[2])
