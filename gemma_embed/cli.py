@@ -25,6 +25,7 @@ import typer
 from gemma_embed import __version__, errors
 from gemma_embed.config import OPTION_TABLES, PANELS, Choice, RunConfig, declared_options, option_of
 from gemma_embed.locations import location
+from gemma_embed.locations.written import output_location
 
 
 class _Group(typer.core.TyperGroup):
@@ -91,15 +92,17 @@ def _paths(command: str) -> inspect.Parameter:
     )
 
 
-def _callback(spec=None, choices: type[Choice] | None = None):
-    """Typer callback: the option's value parsed (once, here) and checked, a ValueError becoming a usage error.
-    A fixed set of values (`choices`) is read here too, so a wrong one is one plain line naming the choices."""
+def _callback(spec=None, choices: type[Choice] | None = None, command: str = ""):
+    """Typer callback: the option's value parsed (once, here, as `command` reads it) and checked, a ValueError
+    becoming a usage error. A fixed set of values (`choices`) is read here too, so a wrong one is one plain line
+    naming the choices."""
+    parse = spec.parse_for(command) if spec is not None else None
 
     def callback(value):
         try:
             if choices is not None and value is not None:
                 value = _choose(choices, value)
-            parsed = spec.parse(value) if spec is not None and spec.parse and value is not None else value
+            parsed = parse(value) if parse is not None and value is not None else value
             if spec is not None and spec.check:
                 spec.check(parsed)
         except ValueError as exc:
@@ -149,7 +152,7 @@ def _parameters(command: str, tables: tuple | None = None) -> list[inspect.Param
             *spec.flags,
             help=spec.help_for(command),
             rich_help_panel=spec.panel,
-            callback=_callback(spec, choices) if (spec.check or spec.parse or choices) else None,
+            callback=_callback(spec, choices, command) if (spec.check or spec.parse_for(command) or choices) else None,
             metavar="" if kind is bool else spec.metavar,  # a flag takes no value: no type column
             show_default=default is not None and default is not False,
         )
@@ -378,7 +381,7 @@ app.command("serve", cls=_Command)(serve)
 
 # ------------------------------------------------------------------------------------------ reading outputs
 
-OUTPUT_ARGUMENT = "A gemma-embed output (.safetensors or .index.json)."
+OUTPUT_ARGUMENT = "A gemma-embed output (.safetensors or .index.json; DIR/: DIR/embeddings.safetensors)."
 
 
 def _search(
@@ -389,13 +392,13 @@ def _search(
     from gemma_embed.progress import Reporter
 
     reporter = Reporter(emit_json=False)
+    output = output_location(index)
     if reporter.live:  # a terminal: say what loads before importing torch (the output's header: no torch)
-        reporter.loading(embedding["model"] or output_model(index) or index)
+        reporter.loading(embedding["model"] or output_model(output) or index)
     from gemma_embed.search import collect_queries, query_many, render_html_many, render_results
     from gemma_embed.store import check_destination
 
     jsonl = embedding.pop("jsonl")
-    output = location(index)
     media = {
         kind: [location(f) for f in files]
         for kind, files in (("images", image), ("video", video), ("audio", audio))
@@ -431,7 +434,7 @@ _command(
     "index when it has one, see `gemma-embed index`; else exact).",
     _search,
     [
-        _argument("index", str, "An output to search (.safetensors or .index.json)."),
+        _argument("index", str, "An output to search (.safetensors or .index.json; DIR/: DIR/embeddings.safetensors)."),
         _argument("query", str | None, "Text to look for (retrieval indexes).", default=None),
     ],
 )
@@ -444,7 +447,7 @@ def _index(path: str, kind: str, metric: str, quiet: bool) -> None:
     from gemma_embed.progress import Reporter
     from gemma_embed.terminal import shows_summary
 
-    output = location(path)
+    output = output_location(path)
     record = build_index(output, kind, metric, Reporter(quiet=quiet))
     fields = ("kind", "requested", "metric", "settings", "recall_at_10", "reason", "seconds")
     summary = {"type": "index", "output": str(output), **{name: record[name] for name in fields if name in record}}
@@ -474,7 +477,7 @@ _command("models", "The model families gemma-embed runs: model types, example hu
 def _inspect(path: str, limit: int, as_json: bool) -> None:
     from gemma_embed.show import show
 
-    show(location(path), limit=limit, as_json=as_json)
+    show(output_location(path), limit=limit, as_json=as_json)
 
 
 _command(
@@ -492,7 +495,7 @@ def _export(path: str, to, output, overwrite: bool) -> None:
     from gemma_embed.locations.written import is_stdout
 
     try:
-        written = export(location(path), to, output, overwrite, stdout=sys.stdout.buffer, command_line=True)
+        written = export(output_location(path), to, output, overwrite, stdout=sys.stdout.buffer, command_line=True)
     except BrokenPipeError:  # the reader of standard output went away (| head): not a failure of the export
         from gemma_embed.progress import silence
 

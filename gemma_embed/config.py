@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gemma_embed.locations import Location, location
+from gemma_embed.locations.written import output_location
 from gemma_embed.memory.planner import BudgetSpec, parse_budget
 
 DEFAULT_MODEL = "google/gemma-4-e2b-it"  # the media commands' default checkpoint
@@ -294,6 +295,8 @@ class Option:
     cli_type: type | None = None
     cli_default: Any = None
     parse: Callable[[Any], Any] | None = None
+    # (command, parser) where one command reads the value otherwise (export's -o names no embedding output).
+    parse_by_command: tuple[tuple[str, Callable[[Any], Any]], ...] = ()
     metavar: str | None = None
     # (command, help) where one command's help differs (--pool: only video has frames).
     help_by_command: tuple[tuple[str, str], ...] = ()
@@ -305,6 +308,9 @@ class Option:
 
     def help_for(self, command: str) -> str:
         return dict(self.help_by_command).get(command, self.help)
+
+    def parse_for(self, command: str) -> Callable[[Any], Any] | None:
+        return dict(self.parse_by_command).get(command, self.parse)
 
 
 def option(default: Any, help: str, **spec: Any) -> Any:
@@ -653,7 +659,7 @@ class RunConfig:
     # Output ----------------------------------------------------------------------------------------------
     output: Location = option(  # a location of the seam (gemma_embed/locations), as the command line spells it
         location("embeddings.safetensors"),
-        "Output .safetensors file.",
+        "Output .safetensors file; a folder (DIR/, with the slash) holds DIR/embeddings.safetensors.",
         commands=EMBED + (EXPORT,),
         help_by_command=((EXPORT, "Default: OUT.FORMAT beside it; - (parquet, jsonl): stdout."),),
         command_defaults={EXPORT: None},
@@ -662,7 +668,8 @@ class RunConfig:
         metavar="FILE",
         cli_type=str,
         cli_default="embeddings.safetensors",
-        parse=location,
+        parse=output_location,
+        parse_by_command=((EXPORT, location),),
         stage=WRITE,
     )
     overwrite: bool = option(
@@ -936,8 +943,9 @@ MIB = 1 << 20
 
 
 def parse_outputs(value: Iterable[str | os.PathLike | Location] | None) -> tuple[Location, ...]:
-    """--output, repeated: the outputs to search and show, in the order given (locations of the seam)."""
-    return tuple(location(v) for v in (value or ()))
+    """--output, repeated: the outputs to search and show, in the order given (locations of the seam; a folder,
+    with the trailing slash, names the output in it: `locations.written.output_location`)."""
+    return tuple(output_location(v) for v in (value or ()))
 
 
 def port_number(value: int) -> None:

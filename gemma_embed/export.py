@@ -46,7 +46,7 @@ import numpy as np
 
 from gemma_embed.errors import UsageError
 from gemma_embed.locations import Location, filesystem_for, location
-from gemma_embed.locations.written import EXPORTS, STDOUT
+from gemma_embed.locations.written import EXPORTS, STDOUT, output_location
 
 BLOCK_ITEMS = 4096  # items per parquet row group; rows flushed to the .npy memory map per block
 
@@ -184,7 +184,7 @@ def export(
     from gemma_embed.config import python_spelling
 
     try:
-        return _export(location(path), str(to), destination, overwrite, stdout)
+        return _export(output_location(path), str(to), destination, overwrite, stdout)
     except UsageError as exc:
         if command_line:
             raise

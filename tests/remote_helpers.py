@@ -63,12 +63,15 @@ def s3fs_client():
 
 class CountingProxy:
     """An HTTP proxy in front of `upstream` that relays every request and counts the response bytes it sent back:
-    what a client really fetched, measured outside it."""
+    what a client really fetched, measured outside it. `events` orders what happened: ("sent", method, path) when
+    a request arrives, before it is relayed, and ("answered", method, path) once the store's answer is back (so
+    "B was sent after A was answered" can be told apart from requests in flight together)."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.removeprefix("http://")
         self.sent = 0
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
+        self.events: list[tuple[str, str, str]] = []  # ("sent" | "answered", method, path without the query)
         self.lock = threading.Lock()
         proxy = self
 
@@ -81,6 +84,9 @@ class CountingProxy:
             def _relay(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
+                path = self.path.split("?")[0]
+                with proxy.lock:
+                    proxy.events.append(("sent", self.command, path))
                 connection = http.client.HTTPConnection(proxy.upstream, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "host")}
                 headers["Host"] = proxy.upstream
@@ -90,6 +96,7 @@ class CountingProxy:
                 with proxy.lock:
                     proxy.sent += len(data)
                     proxy.requests.append((self.command, self.path, self.headers.get("Range")))
+                    proxy.events.append(("answered", self.command, path))
                 self.send_response(response.status, response.reason)
                 relayed = ("transfer-encoding", "connection") + (() if self.command == "HEAD" else ("content-length",))
                 for key, value in response.getheaders():
@@ -116,6 +123,7 @@ class CountingProxy:
         with self.lock:
             self.sent = 0
             self.requests.clear()
+            self.events.clear()
 
     def __enter__(self) -> CountingProxy:
         self.thread.start()

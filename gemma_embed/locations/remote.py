@@ -110,6 +110,17 @@ def files_for(protocol: str) -> RemoteFiles | str:
         return _made[protocol][1]
 
 
+def _client_options(protocol: str) -> dict[str, Any]:
+    """What a protocol's filesystem is made with beyond fsspec's configuration: for hf, the hub's endpoint as
+    `HF_ENDPOINT` says now. huggingface_hub reads that variable once, when it is first imported (its
+    `constants.ENDPOINT`), so a process that set it later (a Python caller, after transformers loaded the hub)
+    would otherwise still reach the endpoint of the import; the filesystem made again under the new environment
+    (`files_for`) must reach the new one."""
+    if protocol == "hf" and os.environ.get("HF_ENDPOINT"):
+        return {"endpoint": os.environ["HF_ENDPOINT"].rstrip("/")}
+    return {}
+
+
 def _mtime(info: dict) -> float | None:
     """The modification time in an fsspec info dict, as seconds, under whichever name the store gives it."""
     for name in ("mtime", "LastModified", "last_modified", "updated", "modified"):
@@ -141,9 +152,21 @@ _CLIENT_MODULES = (
 )
 
 
+# huggingface_hub's answer for a repository it cannot give: the Hub says the same (401 or 404, RepoNotFound) for one
+# that does not exist and for a private or gated one the token cannot read. HfFileSystem turns it into a
+# FileNotFoundError ("no such file or directory", taken for a mistyped path); it is said as what it may be instead.
+NO_REPOSITORY_ERRORS = frozenset({"RepositoryNotFoundError", "GatedRepoError"})
+NO_REPOSITORY = (
+    "the hub has no such repository, or it is private (or gated) and no token that may read it was given "
+    "(HF_TOKEN, or hf auth login)"
+)
+
+
 def _said(exc: BaseException, url: str) -> OSError | None:
     """A client's exception as the OSError the tool reports in one line (`LOCATION: what happened`), or None for
     one it passes on as it is (a missing file, no access, a folder: already OSErrors that say so)."""
+    if isinstance(exc, FileNotFoundError) and type(exc.__cause__).__name__ in NO_REPOSITORY_ERRORS:
+        return PermissionError(13, NO_REPOSITORY, url)
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FetchFailed)):
         return None
     name = type(exc).__name__
@@ -167,7 +190,7 @@ class RemoteFiles:
 
         self.protocol = protocol
         self.writable = writable
-        self.fs = fsspec.filesystem(protocol, skip_instance_cache=True)
+        self.fs = fsspec.filesystem(protocol, skip_instance_cache=True, **_client_options(protocol))
 
     def _p(self, path: str) -> str:
         return f"{self.protocol}://{path}" if self.protocol in HTTP else path
@@ -461,7 +484,9 @@ class RemoteFiles:
         found = self.info(path)
         if found["type"] == "directory":
             raise IsADirectoryError(21, "is a directory", self._url(path))
-        tag = str(found.get("ETag") or found.get("etag") or found.get("md5Hash") or found.get("mtime"))
+        tag = str(
+            found.get("ETag") or found.get("etag") or found.get("md5Hash") or found.get("blob_id") or found.get("mtime")
+        )
         key = hashlib.sha256(f"{self._url(path)}\0{found['size']}\0{tag}".encode("utf-8", "surrogateescape"))
         name = os.path.basename(path) or "file"
         copy = os.path.join(_private_folder("copies"), key.hexdigest()[:32], name)

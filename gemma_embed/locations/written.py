@@ -4,7 +4,9 @@ rule for those names, which every command and the library apply (`destination`):
 - the name ends with its format's suffix: `-o out.npy` would otherwise hold safetensors bytes, which `np.load`
   refuses with a pickle error, and `export --to npy -o x.parquet` npy bytes that pyarrow cannot read;
 - `-` is standard output, for the formats that stream (a parquet or JSON-lines export: written front to back);
-  any other refuses it in one line saying why, rather than creating a file named `-`.
+  any other refuses it in one line saying why, rather than creating a file named `-`;
+- an embedding output named as a folder, with a trailing slash (`-o s3://bucket/run/`), is the output of -o's
+  default name in that folder (`output_location`), to write and to read (search, index, inspect, export).
 
 Pure: names only. Whether the folder exists and whether an existing file may be replaced is the store's one check
 (`store.check_destination`), which calls this first.
@@ -19,6 +21,9 @@ from gemma_embed.errors import UsageError
 from gemma_embed.locations.location import Location, location
 
 STDOUT = "-"  # the name that means standard output
+# The embedding output a folder holds when -o (or a reader's argument) names the folder, with a trailing slash:
+# -o's own default name.
+FOLDER_OUTPUT = "embeddings.safetensors"
 
 
 class WrongName(UsageError, ValueError):
@@ -68,6 +73,17 @@ EXPORTS = {"parquet": PARQUET, "npy": NPY, "jsonl": JSONL}  # export's formats (
 # Suffixes a name given for another kind is taken apart at, for the name to suggest (`out.index.json` ->
 # `out.safetensors`): the longer ones first.
 KNOWN_SUFFIXES = (".index.json", ".keys.txt", ".offsets.npy", ".safetensors", ".parquet", ".jsonl", ".npy", ".html")
+
+
+def output_location(where: str | os.PathLike | Location) -> Location:
+    """An embedding output as the user names it, to write or to read: a name that ends with `/` is a folder, and
+    the output is the one in it under -o's default name (FOLDER_OUTPUT: `s3://bucket/run/` names
+    `s3://bucket/run/embeddings.safetensors`), so the folder holds its shards, their index, the parts of an
+    unfinished run, the errors file and the search index. Any other name is `location(where)`, checked later
+    (`destination`): `-o run` without the slash stays the mistake it was, a folder where a file was meant."""
+    if isinstance(where, str) and where.endswith("/"):
+        return location(where) / FOLDER_OUTPUT
+    return location(where)
 
 
 def is_stdout(where: str | os.PathLike | Location | None) -> bool:

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gemma_embed import FORMAT
-from gemma_embed.locations import Location, location
+from gemma_embed.locations import Location
+from gemma_embed.locations.written import output_location
 from gemma_embed.store.damage import DamagedFile
 from gemma_embed.store.layout import index_path, output_files, read_index
 from gemma_embed.store.tensors_file import (
@@ -87,12 +88,12 @@ def read_metadata(path: str | os.PathLike) -> dict:
     keys: list[str] = []
     items: list[dict] = []
     with ExitStack() as stack:
-        for key, item, _, file in _entries(location(path), stack, "numpy"):
+        for key, item, _, file in _entries(output_location(path), stack, "numpy"):
             meta = meta or file.metadata
             keys.append(key)
             items.append(item)
     if not meta:
-        meta = read_header(_files(location(path))[0])
+        meta = read_header(_files(output_location(path))[0])
     return {**meta, "keys": keys, "items": items}
 
 
@@ -100,14 +101,14 @@ def item_shapes(path: str | os.PathLike) -> Iterator[tuple[str, int, int, dict]]
     """(key, rows, width, item metadata) of each item in order, from the files' headers: no embedding is read
     and torch is not imported (`gemma-embed inspect`)."""
     with ExitStack() as stack:
-        for key, item, _, file in _entries(location(path), stack, "numpy"):
+        for key, item, _, file in _entries(output_location(path), stack, "numpy"):
             yield key, item["rows"], file.width, item
 
 
 def iter_items(path: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor, dict]]:
     """Yield (key, rows, item metadata) one item at a time, reading only that item's rows, in order."""
     with ExitStack() as stack:
-        for key, item, rows, _ in _entries(location(path), stack):
+        for key, item, rows, _ in _entries(output_location(path), stack):
             yield key, rows(), item
 
 
@@ -161,7 +162,7 @@ def output_index(path: str | os.PathLike) -> list[OutputFile]:
     """Every file of an output (a single file, or the shards its index lists, in that order) with its keys, items
     and offsets; reads no embeddings."""
     files = []
-    for file in _files(location(path)):
+    for file in _files(output_location(path)):
         try:
             with _safe_open(file) as fh:
                 header = _metadata(file, fh)
@@ -179,7 +180,7 @@ def iter_row_blocks(
     copies out only the block asked for, so an output far larger than memory is read with one block in RAM.
     `files`: the output's `output_index`, when the caller has it (saves reading a shard index again)."""
     size = max(1, int(rows))
-    paths = [f.path for f in files] if files is not None else _files(location(path))
+    paths = [f.path for f in files] if files is not None else _files(output_location(path))
     for number, file in enumerate(paths):
         with _safe_open(file) as fh:
             embeddings = fh.get_slice("embeddings")

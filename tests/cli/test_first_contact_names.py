@@ -98,6 +98,31 @@ def test_an_embed_output_named_for_another_format_or_stdout_is_one_line_and_writ
     assert list(tmp_path.iterdir()) == []  # no file named -, no out.npy holding safetensors bytes, no errors file
 
 
+def test_an_embed_output_named_as_a_folder_is_the_default_name_in_it_for_writers_and_readers(tmp_path):
+    """`-o run/` (the trailing slash) writes run/embeddings.safetensors (-o's default name, in that folder) and the
+    readers given `run/` read it there; a folder that does not exist is one line; `-o run` without the slash is
+    still a folder where a file was meant, and export's -o keeps its own rule (a .parquet name)."""
+    missing = gemma_embed_cmd("images", IMAGES / "tall.png", "--model", SAMPLE_MODEL, "-o", "missing/", cwd=tmp_path)
+    assert (missing.returncode, missing.stderr.decode()) == (2, "error: missing: output folder does not exist\n")
+    (tmp_path / "run").mkdir()
+    done = gemma_embed_cmd("images", IMAGES / "tall.png", "--model", SAMPLE_MODEL, "-o", "run/", "-q", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["output"] == "run/embeddings.safetensors"
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["embeddings.safetensors"]
+    keys, rows = reference_rows(tmp_path / "run" / "embeddings.safetensors")
+    shown = gemma_embed_cmd("inspect", "run/", "--json", cwd=tmp_path)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["keys"] == keys == [str(IMAGES / "tall.png")]
+    exported = gemma_embed_cmd("export", "run/", "--to", "parquet", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    table = pq.read_table(tmp_path / "run" / "embeddings.parquet").to_pylist()
+    assert np.array_equal(np.asarray(table[0]["embedding"], dtype=np.float32), rows[0])
+    again = gemma_embed_cmd("images", IMAGES / "tall.png", "--model", SAMPLE_MODEL, "-o", "run", cwd=tmp_path)
+    assert (again.returncode, again.stderr.decode()) == (2, "error: run: output path is a folder\n")
+    elsewhere = gemma_embed_cmd("export", "run/", "--to", "parquet", "-o", "exp/", cwd=tmp_path)
+    assert elsewhere.returncode == 2
+    assert elsewhere.stderr.decode() == "error: exp: a parquet export is a .parquet file; name it exp.parquet\n"
+
+
 @pytest.mark.parametrize("unbuffered", ["", "1"], ids=["buffered", "PYTHONUNBUFFERED"])
 @pytest.mark.parametrize("to", ["jsonl", "parquet"])
 @pytest.mark.parametrize("output", ["vectors", "soft"])

@@ -120,3 +120,70 @@ def test_inspect_index_search_and_export_read_the_remote_output_as_the_local_one
     remote_table = pq.read_table(exported.removeprefix("s3://"), filesystem=s3fs_client())
     local_table = pq.read_table(local.with_suffix(".parquet"))
     assert remote_table.equals(local_table)
+
+
+FOLDER = f"s3://{BUCKET}/folder/"
+
+
+def test_a_folder_output_holds_its_shards_and_their_index_uploaded_after_every_shard(store, monkeypatch):
+    """`-o s3://bucket/folder/` (a folder, named with the trailing slash) is the output folder/embeddings.safetensors:
+    the folder holds its three shards and their index (OUT.index.json, the manifest naming them) and nothing else
+    once done; each shard is uploaded whole in one PUT, and the index is sent only after the store answered every
+    shard it names (the order of requests through a recording proxy), then the parts are removed; the rows equal
+    the local output's, and inspect, index, search and export given the folder read it as the local output."""
+    folder = FOLDER.removeprefix("s3://")
+    with CountingProxy(store["endpoint"]) as proxy, monkeypatch.context() as patch:
+        patch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)  # the embed run's requests only, through the proxy
+        args = ("--model", MODEL, "--max-soft-tokens", "70", "--shard-size", "5", "--flush-every", "4", "-o", FOLDER)
+        done = invoke("images", store["images"], *args)
+        events = list(proxy.events)
+    assert done.exit_code == 0, done.stderr
+    assert done.stderr.rstrip().endswith(f"-> {FOLDER}embeddings.index.json"), done.stderr
+    fs = s3fs_client()
+    shards = [f"/{folder}embeddings-0000{n}.safetensors" for n in range(3)]
+    index = f"/{folder}embeddings.index.json"
+    assert sorted("/" + key for key in fs.find(folder, refresh=True)) == [*shards, index]
+
+    def when(kind: str, method: str, path: str) -> list[int]:
+        return [n for n, event in enumerate(events) if event == (kind, method, path)]
+
+    puts = [path for kind, method, path in events if kind == "sent" and method == "PUT" and ".parts/" not in path]
+    assert [p for p in puts if not p.endswith(".probe")] == [*shards, index]  # each shard once, the index once
+    assert all(len(when("answered", "PUT", shard)) == 1 for shard in shards)
+    (index_sent,) = when("sent", "PUT", index)
+    assert index_sent > max(when("answered", "PUT", shard)[0] for shard in shards)
+    assert any(method == "PUT" and ".parts/" in path for _, method, path in events)  # parts were flushed there
+    removed = [  # and removed (one batch delete, POST /BUCKET?delete, or one DELETE each) after the index
+        n
+        for n, (kind, method, path) in enumerate(events)
+        if kind == "sent" and ((method, path) == ("POST", f"/{BUCKET}") or (method == "DELETE" and ".parts/" in path))
+    ]
+    assert removed and min(removed) > when("answered", "PUT", index)[0]
+    written = json.loads(fs.cat_file(index.lstrip("/")))
+    assert written["shards"] == [s.rsplit("/", 1)[1] for s in shards]
+
+    local = store["local"]
+    ours, theirs = gemma_embed.load(FOLDER), gemma_embed.load(local)
+    assert list(ours) == list(theirs) and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    assert list(written["keys"]) == list(theirs)
+
+    shown = [invoke("inspect", where, "--json") for where in (FOLDER, local)]
+    assert all(r.exit_code == 0 for r in shown), shown[0].stderr
+    remote_view, local_view = (json.loads(r.stdout) for r in shown)
+    assert remote_view["keys"] == local_view["keys"] and remote_view["items"] == local_view["items"]
+    for where in (FOLDER, local):
+        built = invoke("index", where, "-q")
+        assert built.exit_code == 0, built.stderr
+    assert fs.glob(f"{folder}embeddings.search-index*", refresh=True)  # beside the output, in the folder
+    query = str(store["images"] / "img07.png")
+    hits = []
+    for where in (FOLDER, local):
+        found = invoke("search", where, "--image", query, "--model", MODEL, "--jsonl", "-k", "4")
+        assert found.exit_code == 0, found.stderr
+        hits.append([(r["key"], r["score"]) for r in map(json.loads, found.stdout.splitlines())])
+    assert hits[0] == hits[1] and len(hits[0]) == 4
+    for where in (FOLDER, local):  # no -o: OUT.parquet beside the output, in the folder for the folder's
+        exported = invoke("export", where, "--to", "parquet", "--overwrite")
+        assert exported.exit_code == 0, exported.stderr
+    remote_table = pq.read_table(f"{folder}embeddings.parquet", filesystem=s3fs_client())
+    assert remote_table.equals(pq.read_table(local.with_suffix(".parquet")))

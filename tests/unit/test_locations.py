@@ -62,6 +62,30 @@ def test_a_remote_location_keeps_its_protocol_where_pathlib_collapses_it():
     assert location("c://x").is_local and fsspec.core.split_protocol("c://x")[0] is None
 
 
+def test_an_output_named_as_a_folder_is_the_default_name_in_it_wherever_an_output_is_named():
+    """A trailing slash names a folder, and the embedding output is -o's default name in it: for -o (RunConfig,
+    from the command line or Python), serve's --output and the readers (output_location); a name without the
+    slash, a path object and export's -o (a file of another format) are taken as they are."""
+    from gemma_embed.config import RunConfig, parse_outputs
+    from gemma_embed.locations.written import output_location
+
+    for given, meant in (
+        ("s3://bucket/run/", "s3://bucket/run/embeddings.safetensors"),
+        ("s3://bucket/", "s3://bucket/embeddings.safetensors"),
+        ("hf://datasets/org/name/out/", "hf://datasets/org/name/out/embeddings.safetensors"),
+        ("run/", "run/embeddings.safetensors"),
+        ("run", "run"),
+        ("s3://bucket/run", "s3://bucket/run"),
+        (Path("run/"), "run"),
+    ):
+        assert str(output_location(given)) == meant, given
+    assert output_location("s3://bucket/run/").protocol == "s3"
+    assert str(RunConfig(modality="images", inputs=("x",), output="s3://bucket/run/").output) == (
+        "s3://bucket/run/embeddings.safetensors"
+    )
+    assert [str(o) for o in parse_outputs(["run/", "a.safetensors"])] == ["run/embeddings.safetensors", "a.safetensors"]
+
+
 def test_a_location_is_a_small_picklable_value():
     for text in ("photos/a.jpg", "s3://bucket/shards/00001.tar"):
         value = location(text)
