@@ -340,11 +340,31 @@ def _open_parquet(path: Location):
     return pq.ParquetFile(path.local_path() if path.is_local else path.open_input())
 
 
+def _parquet_footer(path: Location):
+    """pyarrow's reader of the file's footer alone (its schema, row groups and their row counts), read in two ranged
+    reads: its last 8 bytes, then the footer they measure. pyarrow's own open reads the last 64 KiB, which in a
+    small file or at the end of a large one is rows too: the check before a model loads and the progress count read
+    the footer only. A file whose footer this cannot read is opened by pyarrow, which says why as in any run."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        size = path.size()
+        tail = path.cat_file(max(0, size - 8), size)
+        length = int.from_bytes(tail[:4], "little")
+        if len(tail) == 8 and tail[4:] == b"PAR1" and 12 + length <= size:
+            footer = path.cat_file(size - 8 - length, size - 8)
+            return pq.ParquetFile(pa.BufferReader(b"PAR1" + footer + tail))
+    except Exception:  # noqa: BLE001 - pyarrow's own open below says what is wrong with the file
+        pass
+    return _open_parquet(path)
+
+
 def check_parquet(path: Location, collection: Collection) -> None:
     """UsageError (naming the file) when the run's columns cannot be read from it: checked before a model is
     loaded, for files named on the command line."""
     try:
-        schema = _open_parquet(path).schema_arrow
+        schema = _parquet_footer(path).schema_arrow
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file; one line says why
         raise UsageError(f"{path}: not a readable parquet file ({_one_line(exc)})") from None
     problem = column_problem(schema, collection)
@@ -401,7 +421,7 @@ def parquet_row_count(path: Location, collection: Collection) -> int:
     """How many items the file gives (from its footer; 1, its failure, when the columns do not fit)."""
     try:
         path.regular_file("a parquet file")
-        table = _open_parquet(path)
+        table = _parquet_footer(path)
     except Exception:  # noqa: BLE001
         return 1
     return 1 if column_problem(table.schema_arrow, collection) else table.metadata.num_rows
