@@ -69,6 +69,7 @@ class CountingProxy:
         self.upstream = upstream.removeprefix("http://")
         self.sent = 0
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
+        self.by_path: dict[str, int] = {}  # response bytes by the path asked for (its query string left out)
         self.lock = threading.Lock()
         proxy = self
 
@@ -90,6 +91,8 @@ class CountingProxy:
                 with proxy.lock:
                     proxy.sent += len(data)
                     proxy.requests.append((self.command, self.path, self.headers.get("Range")))
+                    path = self.path.split("?")[0]
+                    proxy.by_path[path] = proxy.by_path.get(path, 0) + len(data)
                 self.send_response(response.status, response.reason)
                 relayed = ("transfer-encoding", "connection") + (() if self.command == "HEAD" else ("content-length",))
                 for key, value in response.getheaders():
@@ -116,6 +119,7 @@ class CountingProxy:
         with self.lock:
             self.sent = 0
             self.requests.clear()
+            self.by_path.clear()
 
     def __enter__(self) -> CountingProxy:
         self.thread.start()
