@@ -44,7 +44,7 @@ import dataclasses
 import hashlib
 import json
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 from gemma_embed.config import RAY_DEFAULT, Modality, Pool, RunConfig, Space
@@ -622,29 +622,31 @@ class RayRunner:
         return blocks, tally
 
     def _receive(self, out: Any, sink: Sink) -> None:
-        """The job's rows, in input order: each item once, numbered, its --key-column value checked, to the sink."""
+        """The job's rows, in input order: each item once, numbered, its --key-column value checked, to the sink. A
+        stop (the sink's, a signal) ends the job here, at once."""
         seen: set[int] = set()
         keys = Keys()  # the run's --key-column values, in input order (each unit checked only its own)
         width = int(self.planned.width)
-        for batch in _batches(out):
-            if self.should_stop is not None:
-                self.should_stop()
-            embeddings = batch.column("embedding").combine_chunks()
-            for index, record in enumerate(batch.drop_columns(["embedding"]).to_pylist()):
-                ident = int(record["position"])
-                if ident in seen:
-                    continue
-                seen.add(ident)
-                found = json.loads(record["source"])
-                meta = {"row": found["row"]} if found["row"] is not None else {}
-                source = Source(found["key"], found["path"], position=self.taken, meta=meta, row_key=found["row_key"])
-                self.taken += 1
-                checked = checked_key(source, keys)
-                if checked is not source:  # an earlier unit's row took its key: it fails as found, whatever came
-                    sink.failed(source_error(checked), [])
-                    continue
-                record["embedding"] = _matrix(embeddings[index], width)
-                self._hand_on(source, record, sink)
+        with contextlib.closing(_batches(out)) as batches:
+            for batch in batches:
+                if self.should_stop is not None:
+                    self.should_stop()
+                embeddings = batch.column("embedding").combine_chunks()
+                for index, record in enumerate(batch.drop_columns(["embedding"]).to_pylist()):
+                    ident = int(record["position"])
+                    if ident in seen:
+                        continue
+                    seen.add(ident)
+                    found = json.loads(record["source"])
+                    meta = {"row": found["row"]} if found["row"] is not None else {}
+                    position, self.taken = self.taken, self.taken + 1
+                    source = Source(found["key"], found["path"], position=position, meta=meta, row_key=found["row_key"])
+                    checked = checked_key(source, keys)
+                    if checked is not source:  # an earlier unit's row took its key: it fails as found, whatever came
+                        sink.failed(source_error(checked), [])
+                        continue
+                    record["embedding"] = _matrix(embeddings[index], width)
+                    self._hand_on(source, record, sink)
 
     def finish(self, positions: dict[str, int], note: Callable[[str], None]) -> Location | None:
         return None
@@ -677,22 +679,27 @@ class RayRunner:
         sink.done(Prepared(source, item=PreparedItem([], json.loads(record["meta"])), warnings=warnings), rows)
 
 
-def _batches(out: Any) -> Iterator:
+def _batches(out: Any) -> Generator:
     """The job's output batches; the job's own failure as this package's error (what the sink raises passes)."""
     batches = iter(out.iter_batches(batch_format="pyarrow", batch_size=None))
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        except (GemmaEmbedError, Interrupted):
-            raise
-        except Exception as exc:  # noqa: BLE001 - what Ray raises when the job itself fails
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, GemmaEmbedError):
-                raise cause from None
-            raise ClusterError(f"the Ray job failed: {' '.join(str(exc).split())[:500]}") from exc
-        yield batch
+    try:
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except (GemmaEmbedError, Interrupted):
+                raise
+            except Exception as exc:  # noqa: BLE001 - what Ray raises when the job itself fails
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, GemmaEmbedError):
+                    raise cause from None
+                raise ClusterError(f"the Ray job failed: {' '.join(str(exc).split())[:500]}") from exc
+            yield batch
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:  # Ray's iterator: its executor shuts down now, not when it is collected
+            close()
 
 
 def _matrix(cell, width: int):
