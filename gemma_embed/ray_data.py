@@ -485,7 +485,9 @@ class RayRunner:
     bytes. A whole file (local, an object, a URL) goes by its location, and the decode task reads it (the run's
     fetch policy); a collection goes as a unit (a tar shard, a parquet row group: the driver reads its footer, a
     JSON-lines or text file: `sources.base.Unit`) whose items a find task reads and finds itself (`find_batch`).
-    What only the driver can read travels as bytes: lines of its stdin and a --dataset's rows.
+    What only the driver can read travels as bytes: lines of its stdin and a --dataset's rows. (Before, the find
+    stage here reads the parquet footers, and the first record of a JSON-lines file named on the command line, to
+    check the columns before a model loads.)
 
     The job keeps the input's order (Ray Data's `preserve_order`): each item comes back here in input order, once (a
     batch Ray retried after an actor died comes back once), is numbered as the single-process run numbers it, has its
