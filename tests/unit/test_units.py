@@ -131,3 +131,24 @@ def test_text_files_left_whole_give_their_lines_or_themselves(tmp_path):
         assert len(deferred) == 1 and deferred[0].unit is not None
         _same(deferred, eager)
     assert [s.key for s in eager] == [f"{lines}"]  # --per-file: the file, cut at 100 bytes
+
+
+def test_path_cells_and_url_cells_left_whole_name_the_same_files_and_refusals(tmp_path):
+    """A parquet file of paths (one beside it, one leading out of its folder, one missing) and a JSON-lines file of
+    URLs (one that is no http(s) URL): the same items and refusals wherever the unit is read."""
+    (tmp_path / "a.png").write_bytes(b"\x89PNG")
+    paths = tmp_path / "paths.parquet"
+    pq.write_table(pa.table({"file": ["a.png", "../outside.png", "missing.png", None]}), paths)
+    eager = list(iter_sources([str(paths)], "images", collection=Collection("file", max_item_bytes=1000)))
+    collection = Collection("file", max_item_bytes=1000, deferred=True)
+    _same(list(iter_sources([str(paths)], "images", collection=collection)), eager)
+    assert [s.kind for s in eager] == [None, "outside", "missing", "missing"] and eager[0].path == str(
+        tmp_path / "a.png"
+    )
+
+    urls = tmp_path / "urls.jsonl"
+    urls.write_text('{"url": "https://example.org/a.jpg"}\n{"url": "file:///etc/passwd"}\n')
+    collection = Collection("url", column_holds_urls=True, max_item_bytes=1000)
+    eager = list(iter_sources([str(urls)], "images", collection=collection))
+    _same(list(iter_sources([str(urls)], "images", collection=replace(collection, deferred=True))), eager)
+    assert [s.path for s in eager][0] == "https://example.org/a.jpg" and eager[1].kind == "unreadable"
