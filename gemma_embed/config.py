@@ -197,8 +197,9 @@ class Collection:
     max_text_bytes: int = TEXT_BYTES_DEFAULT
     long_text: str = "cut"
     column_holds_urls: bool = False  # the column's cells are http(s) URLs of the items (--url-column)
-    # Tar members are given as byte ranges of their shard, read by whoever decodes them (a Ray worker), not here.
-    member_spans: bool = False
+    # Collections are left whole: a tar shard, a parquet row group, a JSON-lines or text file is one Source whose
+    # `unit` gives its items where it is read (a Ray worker), so that nothing of them is read here.
+    deferred: bool = False
 
     def with_item_limit(self) -> Collection:
         """This collection with `max_item_bytes` decided (the default measured now, once per run)."""

@@ -54,12 +54,18 @@ def decode_and_prepare(
     return prepared
 
 
+def source_error(source: Source) -> ItemError:
+    """The failure record of a source that failed before decoding (found, or fetched, with its `error`)."""
+    assert source.error is not None
+    kind = source.kind or ("unreadable" if source.failed_at == "find" else "fetch-failed")
+    error = ItemError(source.key, source.failed_at, source.error, kind)
+    error.count = source.meta.get("lines", 1)  # a run of blank lines: passed over as that many
+    return error
+
+
 def _decode_and_prepare(modality, source: Source, lookup: Lookup | None) -> Prepared:
     if source.error:
-        kind = source.kind or ("unreadable" if source.failed_at == "find" else "fetch-failed")
-        error = ItemError(source.key, source.failed_at, source.error, kind)
-        error.count = source.meta.get("lines", 1)  # a run of blank lines: passed over as that many
-        return Prepared(source, error=error)
+        return Prepared(source, error=source_error(source))
     stage = "decode"
     try:
         facts = source.facts()

@@ -23,6 +23,7 @@ from gemma_embed.decoding import Prepared, prepared_stream
 from gemma_embed.embedder import Embedder
 from gemma_embed.errors import DeviceError, ItemError, UsageError
 from gemma_embed.interrupts import Interrupted, StopFlag, stop_on_signals
+from gemma_embed.locations import location
 from gemma_embed.memory import planner, readings
 from gemma_embed.progress import Reporter
 from gemma_embed.result import RunResult
@@ -74,7 +75,7 @@ def _run(config: RunConfig, reporter: Reporter | None, stdin, own_process: bool,
         skipped: Counter = Counter()  # files the folder walk passes over, by extension
         waiting = "waiting for the first input"  # a list on stdin may take its time
         try:
-            found = _require_input(config, stdin, skipped, spans=runner.reads_items_itself)  # before loading a model
+            found = _require_input(config, stdin, skipped, deferred=runner.reads_items_itself)  # before loading a model
             runner.begin()
             waiting = "loading the model"
             reporter.loading(config.model)
@@ -96,7 +97,7 @@ def _run(config: RunConfig, reporter: Reporter | None, stdin, own_process: bool,
         with captured or contextlib.nullcontext():
             try:
                 sink = _Finisher(config, writer, reporter, result)
-                runner.embed(runner.take(found), sink, writer.lookup(), window_items=config.flush_every)
+                runner.embed(runner.take(found), sink, writer.lookup(), config.flush_every, skipped)
             except _StopAtFirstFailure:
                 result.stopped_at_first_failure = True
                 reporter.note("stopped at the first failure (--on-error stop); items done so far are written")
@@ -163,7 +164,11 @@ def runner_for(config: RunConfig, reporter=None, should_stop=None) -> Runner:
 
 def _count_in_background(config: RunConfig, runner: Runner, reporter: Reporter) -> None:
     """Give the progress bar its total (and an ETA) without delaying the first item: a second, cheap walk of
-    the inputs (tar headers, parquet footers), in a daemon thread. Never for stdin, which can be read only once."""
+    the inputs (tar headers, parquet footers), in a daemon thread. Never for stdin, which can be read only once,
+    nor for inputs on other machines when the runner's workers read the items (counting would read here what
+    they read: a remote shard's headers come with its members, a read-ahead block at a time)."""
+    if runner.reads_items_itself and not all(location(given).is_local for given in config.inputs):
+        return
 
     def count() -> None:
         if config.modality == "text":  # lines: read the files once more
@@ -270,23 +275,30 @@ def plan(config: RunConfig, reporter: Reporter | None = None, stdin=None, own_pr
 
 
 def _require_input(
-    config: RunConfig, stdin, skipped: Counter, plan: bool = False, spans: bool = False
+    config: RunConfig, stdin, skipped: Counter, plan: bool = False, deferred: bool = False
 ) -> Iterator[Source]:
     """The run's sources, lazily; UsageError before anything loads for a path given that does not exist, or an
-    input with nothing to embed at all. `spans`: tar members as byte ranges of their shards, for a runner whose
-    workers read items themselves."""
+    input with nothing to embed at all. `deferred`: collections (tar shards, parquet row groups, JSON-lines and
+    text files) left whole as units, for a runner whose workers find their items themselves."""
     if config.url_column is not None and config.column is not None:
         raise UsageError("--url-column names the column of URLs: leave out --column")
     check_given_paths(config.inputs)
     return require_input(
-        _find(config, stdin, skipped, spans), config.inputs, config.modality, config.ext, skipped, config.dataset, plan
+        _find(config, stdin, skipped, deferred),
+        config.inputs,
+        config.modality,
+        config.ext,
+        skipped,
+        config.dataset,
+        plan,
     )
 
 
-def _find(config: RunConfig, stdin=None, skipped: Counter | None = None, spans: bool = False) -> Iterator[Source]:
+def _find(config: RunConfig, stdin=None, skipped: Counter | None = None, deferred: bool = False) -> Iterator[Source]:
     """The find stage: files, folders, stdin lists, tar shards, parquet and JSON-lines files and a --dataset; for
-    text, the lines of files (or stdin), or whole files, and the rows of tables and of a --dataset."""
+    text, the lines of files (or stdin), or whole files, and the rows of tables and of a --dataset. `deferred`:
+    collections as units (`sources.base.Unit`), their items found where they are read."""
+    collection = dataclasses.replace(config.collection, deferred=True) if deferred else config.collection
     if config.modality == "text":
-        return iter_text_sources(config.inputs, stdin, config.per_file, config.ext, skipped, config.collection)
-    collection = dataclasses.replace(config.collection, member_spans=True) if spans else config.collection
+        return iter_text_sources(config.inputs, stdin, config.per_file, config.ext, skipped, collection)
     return iter_sources(config.inputs, config.modality, stdin, config.null_separated, config.ext, skipped, collection)

@@ -5,6 +5,10 @@
       -> map_batches(Embed, concurrency=N)   actors, one Embedder each: buckets, memory plan, OOM back-off, pooling
       -> rows with `embedding`, `key`, `meta` (JSON), `error` (JSON; null when it worked)
 
+The command line's run puts one stage before those: `find_batch`, CPU tasks that find the items of the units the
+driver sends (a tar shard, a parquet row group, a JSON-lines or text file: `sources.base.Unit`) with the find
+stage's own readers, where the unit is read.
+
 From Python, on a dataset of your own:
 
     import ray
@@ -23,6 +27,14 @@ The command line's `--ray [ADDRESS]` is `RayRunner`, one of the pipeline's runne
 the sources, holds the one writer and reports, as in any run; the decode and the encode run on the cluster, and each
 finished item comes back to the driver, which writes the tool's own output (parts, --resume by content hash, input
 order).
+
+Why not Ray Data's own readers (`read_webdataset`, `read_parquet`, `read_json`, `read_binary_files`) for the units:
+they read on the workers too, but each would be a second find stage with other keys and other failures. A bad
+shard raises in `read_webdataset` (or is skipped whole, with a handler) without naming the members lost; a row
+group that cannot be read fails `read_parquet`'s whole job where the tool fails its rows by key and goes on; none
+gives a row's number in its file (the FILE:ROW key), a tar member's sidecars as the tool names them, the item size
+limit before a byte is read, --key-column's repeats or the path cells' checks. `find_batch` runs the tool's own
+readers instead, so a Ray run's items, keys, order and failures are the single-process run's by construction.
 """
 
 from __future__ import annotations
@@ -31,12 +43,12 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 from gemma_embed.config import RAY_DEFAULT, Modality, Pool, RunConfig, Space
-from gemma_embed.decoding import WINDOW_ITEMS, Prepared, decode_and_prepare
+from gemma_embed.decoding import WINDOW_ITEMS, Prepared, decode_and_prepare, source_error
 from gemma_embed.embedder import CommandEngines, Embedder, Sink
 from gemma_embed.errors import DeviceError, GemmaEmbedError, ItemError, UsageError
 from gemma_embed.interrupts import Interrupted
@@ -45,10 +57,16 @@ from gemma_embed.models.base import PreparedItem
 from gemma_embed.runners import Planned, RunInfo, planned
 from gemma_embed.sources.base import Source
 from gemma_embed.sources.fetch import FetchPolicy
+from gemma_embed.sources.table import Keys, checked_key
+from gemma_embed.sources.tar import Shard
 
 EXTRA = "pip install 'gemma-embed[ray]'"
 # Items per decode task: small, so decoding spreads over the cluster's CPUs and the first items leave early.
 DECODE_BATCH = 16
+# CPUs a find task asks for: reading a unit waits on storage more than it computes. Other than the decode tasks'
+# count, so that Ray does not fuse the two stages (a fused task would decode a whole shard's items itself).
+FIND_CPUS = 0.5
+UNIT_ITEMS = 1 << 32  # an item's id: its unit's position in the input times this, plus its index in the unit
 # Columns of Python objects between the stages (Ray serializes them itself, between its own processes).
 SOURCE_COLUMN = "__gemma_embed_source"  # the pipeline's rows: a Source each
 PREPARED_COLUMN = "__gemma_embed_prepared"  # decoded and prepared, for the encode actors
@@ -62,6 +80,57 @@ def require_ray():
     except ImportError:
         raise UsageError(f"--ray needs Ray Data, which is not installed: {EXTRA}") from None
     return ray
+
+
+# ---------------------------------------------------------------------------------------------- find (CPU)
+
+
+def find_batch(batch: Any, tally: Any = None) -> Iterator[dict]:
+    """`map_batches` function (batch_format="numpy", a generator): the driver's rows, a Source each. An item
+    passes as it is; a unit (a tar shard, a parquet row group, a JSON-lines or text file) gives its items here, found
+    by the find stage's own readers (`Unit.items`), with its own --key-column values (the driver checks them against
+    the rest of the run's: `RayRunner`). Each item's position becomes its id, `item_id(the row's position, its index
+    in the unit)`, unique and in input order. Out: DECODE_BATCH items at a time, so a unit's items spread over the
+    decode tasks and memory holds one batch of them here; what a unit passes over (tar members) goes to `tally`."""
+    found = []
+    for source in batch[SOURCE_COLUMN]:
+        for index, item in enumerate(_items_of(source, tally)):
+            found.append(dataclasses.replace(item, position=item_id(source.position, index)))
+            if len(found) == DECODE_BATCH:
+                yield {SOURCE_COLUMN: _objects(found)}
+                found = []
+    if found:
+        yield {SOURCE_COLUMN: _objects(found)}
+
+
+def item_id(position: int, index: int) -> int:
+    return position * UNIT_ITEMS + index
+
+
+def _items_of(source: Source, tally: Any) -> Iterator[Source]:
+    if source.unit is None:
+        yield source
+        return
+    skipped: Counter = Counter()
+    yield from source.unit.items(Keys(), skipped)
+    if skipped and tally is not None:
+        import ray
+
+        ray.get(tally.put.remote(source.position, skipped))
+
+
+class Tally:
+    """An actor (no CPU) that keeps what the find tasks passed over (tar members not taken, by extension or kind),
+    by unit: a task Ray retried puts its unit's count again, in place of the first."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, Counter] = {}
+
+    def put(self, position: int, counts: Counter) -> None:
+        self.counts[position] = counts
+
+    def all(self) -> dict[int, Counter]:
+        return self.counts
 
 
 # ---------------------------------------------------------------------------------------------- decode (CPU)
@@ -180,7 +249,8 @@ class Embed:
 
     Out, per row: `key`, `position`, `embedding` (list<list<float32>>: the rows; list<float32> where each item is
     one vector), `rows`, `meta` (the item's metadata as JSON), `warnings`, `error` (the failure record as JSON,
-    else null) and `reused_from` (--resume: the saved key whose rows it takes). Rows cross to Arrow as float32
+    else null), `reused_from` (--resume: the saved key whose rows it takes) and `source` (its Source's key, path,
+    row and row_key as JSON). Rows cross to Arrow as float32
     (exact for every compute dtype); the store converts them to the output dtype as it does in any run.
     """
 
@@ -230,7 +300,7 @@ class _Rows(Sink):
 
     def failed(self, error: ItemError, warnings: list[str] | None = None) -> None:
         error.warnings = error.warnings or list(warnings or [])
-        record = {**error.as_record(), "traceback": error.traceback_text}
+        record = {**error.as_record(), "traceback": error.traceback_text, "count": error.count}
         self._put(error.key, error=json.dumps(record), warnings=list(error.warnings))
 
     def done(self, prepared: Prepared, rows) -> None:
@@ -272,8 +342,16 @@ class _Rows(Sink):
                 "warnings": pa.array([list(r.get("warnings") or []) for r in records], pa.list_(pa.string())),
                 "error": pa.array([r.get("error") for r in records], pa.string()),
                 "reused_from": pa.array([r.get("reused_from") for r in records], pa.string()),
+                "source": pa.array([_identity(p.source) for p in self.prepared], pa.string()),
             }
         )
+
+
+def _identity(source: Source) -> str:
+    """What the driver needs of an item's Source (found on a worker, or by the driver): its key (any string: JSON
+    keeps a file name's lone surrogates), path, row and `row_key`, as JSON."""
+    row = source.meta.get("row")
+    return json.dumps({"key": source.key, "path": source.path, "row": row, "row_key": source.row_key})
 
 
 # ---------------------------------------------------------------------------------------------- a dataset
@@ -402,15 +480,22 @@ class ClusterError(DeviceError):
 
 
 class RayRunner:
-    """`--ray`: a `runners.Runner` whose decode and encode run on a Ray cluster. The driver (this process) finds the
-    sources and sends them, a block at a time, to the object store: locations, never bytes (whole files by their
-    location, tar members by their byte range in the shard; only table cells of bytes travel as bytes), which the
-    decode tasks read themselves (`decode_and_prepare` with the run's fetch policy). Each finished item comes back
-    here, to the pipeline's sink, as if it had run here. Connecting and asking what the actors compute happen in
-    `load`."""
+    """`--ray`: a `runners.Runner` whose find (of collections' items), decode and encode run on a Ray cluster. The
+    driver (this process) lists the inputs and sends them, a block at a time, to the object store: locations, never
+    bytes. A whole file (local, an object, a URL) goes by its location, and the decode task reads it (the run's
+    fetch policy); a collection goes as a unit (a tar shard, a parquet row group: the driver reads its footer, a
+    JSON-lines or text file: `sources.base.Unit`) whose items a find task reads and finds itself (`find_batch`).
+    What only the driver can read travels as bytes: lines of its stdin and a --dataset's rows. (Before, the find
+    stage here reads the parquet footers, and the first record of a JSON-lines file named on the command line, to
+    check the columns before a model loads.)
+
+    The job keeps the input's order (Ray Data's `preserve_order`): each item comes back here in input order, once (a
+    batch Ray retried after an actor died comes back once), is numbered as the single-process run numbers it, has its
+    --key-column value checked against the earlier rows' (each unit knows only its own), and goes to the pipeline's
+    sink as if it had run here. Connecting and asking what the actors compute happen in `load`."""
 
     embed_class: type = Embed  # the encode actors' class
-    reads_items_itself = True  # the decode tasks open each item's location (or shard range) on their own machine
+    reads_items_itself = True  # find and decode tasks open each item's location (or unit) on their own machine
 
     def __init__(self, config: RunConfig, reporter=None, should_stop=None):
         self.ray = require_ray()
@@ -455,37 +540,31 @@ class RayRunner:
             ) from None
 
     def take(self, sources: Iterable[Source]) -> Iterator[Source]:
-        for source in sources:
-            self.taken += 1
-            yield source
+        yield from sources  # every one; `taken` counts the items that come back (a unit gives many)
 
     def share(self, total: int) -> int:
         return total
 
-    def embed(self, sources: Iterable[Source], sink: Sink, lookup=None, window_items: int | None = None) -> None:
-        """Every source through the cluster (decode tasks, then the encode actors); `sink` gets each item as it
-        comes back, once (a batch Ray retried after an actor died comes back once)."""
+    def embed(
+        self,
+        sources: Iterable[Source],
+        sink: Sink,
+        lookup=None,
+        window_items: int | None = None,
+        skipped: Counter | None = None,
+    ) -> None:
+        """Every source through the cluster (find tasks, decode tasks, then the encode actors); `sink` gets each
+        item as it comes back, in input order, once. `skipped` gets what the find tasks passed over."""
         ray = self.ray
-        import pandas as pd
-
-        # The sources go to the object store a block at a time: this process holds one block's bytes (tar members,
-        # parquet cells) at most, the store the rest (spilling to disk), until the decode tasks take them.
-        by_position, rows, blocks = {}, [], []
-        for source in sources:
-            by_position[source.position] = dataclasses.replace(source, data=None, value=None)
-            rows.append(source)
-            if len(rows) == DECODE_BATCH:
-                blocks.append(ray.put(pd.DataFrame({SOURCE_COLUMN: _objects(rows)})))
-                rows = []
-        if rows:
-            blocks.append(ray.put(pd.DataFrame({SOURCE_COLUMN: _objects(rows)})))
+        blocks, tally = self._blocks(sources)
         if not blocks:
             return
         ds = ray.data.from_pandas_refs(blocks)
-        if getattr(ds, "context", None) is not None:  # this job's own copy of the settings
-            ds.context.enable_progress_bars = False
+        found = ds.map_batches(
+            find_batch, batch_format="numpy", batch_size=None, num_cpus=FIND_CPUS, fn_kwargs={"tally": tally}
+        )
         out = embed_dataset(
-            ds,
+            found,
             config=self.config,
             lookup=lookup,
             concurrency=self.actors,
@@ -494,27 +573,82 @@ class RayRunner:
             expect=self.planned,
             embed_class=self.embed_class,
         )
-        seen: set[int] = set()
-        width = int(self.planned.width)
+        context = getattr(out, "context", None)
+        if context is not None:  # this job's own copy of the settings
+            context.enable_progress_bars = False
+            context.execution_options.preserve_order = True  # input order: numbers and --key-column checks
         try:
-            for batch in out.iter_batches(batch_format="pyarrow", batch_size=None):
+            self._receive(out, sink)
+        finally:
+            if tally is not None:
+                with contextlib.suppress(Exception):  # a job that failed may leave it unreachable
+                    for counts in ray.get(tally.all.remote()).values():
+                        if skipped is not None:
+                            skipped.update(counts)
+                    ray.kill(tally)
+        if not self.taken:  # units that held no item, and nothing else: no input, as the find stage says
+            from gemma_embed.sources import no_input_message
+
+            config = self.config
+            raise UsageError(
+                no_input_message(config.inputs, config.modality, config.ext, skipped or Counter(), config.dataset)
+            )
+
+    def _blocks(self, sources: Iterable[Source]) -> tuple[list, Any]:
+        """The sources in the object store, a block at a time (this process holds one block at most): whole files
+        DECODE_BATCH to a block, each unit a block of its own (a find task each). With the tally actor when a unit
+        may pass members over (a tar shard)."""
+        ray = self.ray
+        import pandas as pd
+
+        blocks, rows, tally = [], [], None
+
+        def put(rows: list[Source]) -> None:
+            blocks.append(ray.put(pd.DataFrame({SOURCE_COLUMN: _objects(rows)})))
+
+        for source in sources:
+            if source.unit is None:
+                rows.append(source)
+                if len(rows) == DECODE_BATCH:
+                    put(rows)
+                    rows = []
+                continue
+            if rows:
+                put(rows)
+                rows = []
+            put([source])
+            if tally is None and isinstance(source.unit, Shard):
+                tally = ray.remote(num_cpus=0)(Tally).remote()
+        if rows:
+            put(rows)
+        return blocks, tally
+
+    def _receive(self, out: Any, sink: Sink) -> None:
+        """The job's rows, in input order: each item once, numbered, its --key-column value checked, to the sink. A
+        stop (the sink's, a signal) ends the job here, at once."""
+        seen: set[int] = set()
+        keys = Keys()  # the run's --key-column values, in input order (each unit checked only its own)
+        width = int(self.planned.width)
+        with contextlib.closing(_batches(out)) as batches:
+            for batch in batches:
                 if self.should_stop is not None:
                     self.should_stop()
                 embeddings = batch.column("embedding").combine_chunks()
                 for index, record in enumerate(batch.drop_columns(["embedding"]).to_pylist()):
-                    position = int(record["position"])
-                    if position in seen:
+                    ident = int(record["position"])
+                    if ident in seen:
                         continue
-                    seen.add(position)
+                    seen.add(ident)
+                    found = json.loads(record["source"])
+                    meta = {"row": found["row"]} if found["row"] is not None else {}
+                    position, self.taken = self.taken, self.taken + 1
+                    source = Source(found["key"], found["path"], position=position, meta=meta, row_key=found["row_key"])
+                    checked = checked_key(source, keys)
+                    if checked is not source:  # an earlier unit's row took its key: it fails as found, whatever came
+                        sink.failed(source_error(checked), [])
+                        continue
                     record["embedding"] = _matrix(embeddings[index], width)
-                    self._hand_on(by_position.pop(position), record, sink)
-        except (GemmaEmbedError, Interrupted):
-            raise
-        except Exception as exc:  # noqa: BLE001 - what Ray raises when the job itself fails
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, GemmaEmbedError):
-                raise cause from None
-            raise ClusterError(f"the Ray job failed: {' '.join(str(exc).split())[:500]}") from exc
+                    self._hand_on(source, record, sink)
 
     def finish(self, positions: dict[str, int], note: Callable[[str], None]) -> Location | None:
         return None
@@ -540,10 +674,34 @@ class RayRunner:
             failure = json.loads(record["error"])
             error = ItemError(source.key, failure["stage"], failure["message"], failure["error"], failure["traceback"])
             error.warnings = warnings
+            error.count = failure.get("count", 1)
             sink.failed(error, warnings)
             return
         rows = torch.from_numpy(np.array(record["embedding"], dtype=np.float32))  # a copy it owns
         sink.done(Prepared(source, item=PreparedItem([], json.loads(record["meta"])), warnings=warnings), rows)
+
+
+def _batches(out: Any) -> Generator:
+    """The job's output batches; the job's own failure as this package's error (what the sink raises passes)."""
+    batches = iter(out.iter_batches(batch_format="pyarrow", batch_size=None))
+    try:
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except (GemmaEmbedError, Interrupted):
+                raise
+            except Exception as exc:  # noqa: BLE001 - what Ray raises when the job itself fails
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, GemmaEmbedError):
+                    raise cause from None
+                raise ClusterError(f"the Ray job failed: {' '.join(str(exc).split())[:500]}") from exc
+            yield batch
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:  # Ray's iterator: its executor shuts down now, not when it is collected
+            close()
 
 
 def _matrix(cell, width: int):

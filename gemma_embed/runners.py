@@ -15,6 +15,7 @@ facts the output's header records about the encoders, known before the first ite
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -64,7 +65,8 @@ class Runner(Protocol):
     output: Location  # the file this process writes: the run's output, or a slice's own
     label: str  # how progress names the run ("images", "images [1/4]")
     # Whether its workers read each item's bytes themselves (on other machines): the sources then name where items
-    # lie (whole files by their location, tar members by their byte range) and carry no bytes.
+    # lie and carry no bytes: whole files by their location, collections (tar shards, parquet row groups, JSON-lines
+    # and text files) as units whose items the workers find (`sources.base.Unit`).
     reads_items_itself: bool
 
     def begin(self) -> None:
@@ -82,8 +84,17 @@ class Runner(Protocol):
         """How many of an input of `total` items this runner takes (a progress bar's total)."""
         ...
 
-    def embed(self, sources: Iterable[Source], sink: Sink, lookup: Lookup | None, window_items: int | None) -> None:
-        """Every source through decode, prepare and the stages; `sink` gets each item once, as it finishes."""
+    def embed(
+        self,
+        sources: Iterable[Source],
+        sink: Sink,
+        lookup: Lookup | None,
+        window_items: int | None,
+        skipped: Counter | None = None,
+    ) -> None:
+        """Every source through decode, prepare and the stages; `sink` gets each item once, as it finishes.
+        `skipped`: the find stage's count of what it passed over, which a runner whose workers find items (in units)
+        adds theirs to."""
 
     def finish(self, positions: dict[str, int], note: Callable[[str], None]) -> Location | None:
         """After the writer closed: what else the run writes (a slice's join); the file that now names the whole
@@ -132,7 +143,14 @@ class LocalRunner:
     def share(self, total: int) -> int:
         return total
 
-    def embed(self, sources: Iterable[Source], sink: Sink, lookup: Lookup | None, window_items: int | None) -> None:
+    def embed(
+        self,
+        sources: Iterable[Source],
+        sink: Sink,
+        lookup: Lookup | None,
+        window_items: int | None,
+        skipped: Counter | None = None,
+    ) -> None:
         self.embedder.embed_stream(sources, self.config.modality, sink, lookup=lookup, window_items=window_items)
 
     def finish(self, positions: dict[str, int], note: Callable[[str], None]) -> Location | None:

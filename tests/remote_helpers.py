@@ -72,6 +72,7 @@ class CountingProxy:
         self.sent = 0
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self.events: list[tuple[str, str, str]] = []  # ("sent" | "answered", method, path without the query)
+        self.by_path: dict[str, int] = {}  # response bytes by the path asked for (its query string left out)
         self.lock = threading.Lock()
         proxy = self
 
@@ -97,6 +98,7 @@ class CountingProxy:
                     proxy.sent += len(data)
                     proxy.requests.append((self.command, self.path, self.headers.get("Range")))
                     proxy.events.append(("answered", self.command, path))
+                    proxy.by_path[path] = proxy.by_path.get(path, 0) + len(data)
                 self.send_response(response.status, response.reason)
                 relayed = ("transfer-encoding", "connection") + (() if self.command == "HEAD" else ("content-length",))
                 for key, value in response.getheaders():
@@ -124,6 +126,7 @@ class CountingProxy:
             self.sent = 0
             self.requests.clear()
             self.events.clear()
+            self.by_path.clear()
 
     def __enter__(self) -> CountingProxy:
         self.thread.start()

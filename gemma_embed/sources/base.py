@@ -5,8 +5,10 @@ about items they cannot give: too large to read, members that are no files. How 
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from gemma_embed.config import (  # noqa: F401 - re-exported
     ITEM_BYTES_FLOOR,
@@ -29,6 +31,9 @@ class Source:
     tar member, a parquet cell, a dataset row) carries its own bytes in `data`, and what the collection says about
     it (a caption, sidecar JSON, kept columns) in `meta`, which joins the item's metadata. Decoders get `data` when
     there is some, else `path`, and never know which kind of source it was.
+
+    A Source with a `unit` is no item yet: a part of the input (a tar shard, a parquet row group, a JSON-lines or
+    text file) left whole by a find stage whose items a worker finds itself (a Ray run: `Unit`).
     """
 
     key: str
@@ -38,9 +43,10 @@ class Source:
     failed_at: str = "find"  # the stage the error belongs to: find, or fetch (sources/fetch.py)
     position: int = 0  # place in the whole input: orders the output and assigns distributed slices
     data: bytes | None = None  # the item's own bytes, when it is not a whole file
-    # (start, end, name): the item is bytes [start, end) of the file at `path`, not read yet (a tar member for a
-    # Ray worker, which reads it itself: sources/fetch.py); `name` is what its bytes are called (a member's)
-    span: tuple[int, int, str] | None = None
+    unit: Unit | None = None  # a part of the input whose items are found where it is read, not here
+    # A table's row keyed by the --key-column value it took: the row's own key (FILE:ROW), for a run whose units are
+    # found by several workers, each with its own keys (the run's are checked after: `table.checked_key`).
+    row_key: str | None = None
     meta: dict = field(default_factory=dict, compare=False, hash=False)
     # An in-memory value from a Python caller (a PIL image, audio samples with their rate): decoded as it is.
     value: Any = field(default=None, compare=False, hash=False)
@@ -61,6 +67,17 @@ class Source:
         if self.data is None:
             return {"path": where, **location(self.path).facts()}
         return {"path": where, "bytes": len(self.data), "sha256": hashlib.sha256(self.data).hexdigest()}
+
+
+class Unit(Protocol):
+    """A part of the input that gives its items where it is read: the find stage's own readers (a tar shard's
+    members, a row group's or a file's rows, a text file's lines), run by a worker that holds the location only. A
+    unit is small (locations, numbers, the run's collection options) and travels to the worker as it is."""
+
+    def items(self, keys: Any, skipped: Counter | None) -> Iterator[Source]:
+        """Its items, in order, as the single-process find stage yields them (positions left to the caller);
+        `keys`: the --key-column values seen (`table.Keys`: this unit's own), `skipped`: what it passes over."""
+        ...
 
 
 def row_place(source: Source) -> str | None:

@@ -5,6 +5,10 @@
 a table named on the command line that lacks the columns, a --dataset that cannot be opened. One `Collections` per
 run holds the --key-column values seen, so keys stay unique across every table of the run. The media commands and
 the text command (whose other files are read line by line, sources/text.py) share it.
+
+With `Collection.deferred` (a Ray run) a collection is not read here: a tar shard, each row group of a parquet
+file (its footer is read, for the groups and the columns) and a JSON-lines file are one Source each, whose `unit`
+gives the items where it is read, with these same readers.
 """
 
 from __future__ import annotations
@@ -87,22 +91,23 @@ class Collections:
         if found.error is not None or not self.is_collection(path):
             yield Source(found.key, str(path), error=found.error, kind=found.kind)
         elif self.media and tar.is_shard(path):
-            yield from tar.members(
-                path,
-                found.key,
-                self.wanted,
-                self.skipped,
-                self.read,
-                collection.max_item_bytes,
-                spans=collection.member_spans,
-            )
+            if collection.deferred:
+                shard = tar.Shard(str(path), found.key, self.wanted, collection.max_item_bytes)
+                yield Source(found.key, str(path), unit=shard)
+            else:
+                yield from tar.members(path, found.key, self.wanted, self.skipped, self.read, collection.max_item_bytes)
         elif not self.read:
             count = table.json_lines_row_count(path) if table.is_json_lines(path) else None
             if count is None:
                 count = table.parquet_row_count(path, collection)
             yield from (Source(found.key, str(path)) for _ in range(count))
         elif table.is_json_lines(path):
-            yield from table.json_lines_rows(path, found.key, collection, self.keys)
+            if collection.deferred:
+                yield Source(found.key, str(path), unit=table.JsonLines(str(path), found.key, collection))
+            else:
+                yield from table.json_lines_rows(path, found.key, collection, self.keys)
+        elif collection.deferred:
+            yield from table.parquet_units(path, found.key, collection)  # the footer is read here, no row
         else:
             yield from table.parquet_rows(path, found.key, collection, self.keys)
 

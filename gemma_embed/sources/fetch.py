@@ -64,11 +64,10 @@ class FetchPolicy:
 
 
 def needs_fetch(source: Source) -> bool:
-    """Whether the item is a whole file on another machine, or a byte range of a shard (`Source.span`), not read
-    yet."""
+    """Whether the item is a whole file on another machine, not read yet."""
     if source.error is not None or source.data is not None or source.value is not None:
         return False
-    return source.span is not None or not location(source.path).is_local
+    return not location(source.path).is_local
 
 
 # ------------------------------------------------------------------------------------------ per host
@@ -99,8 +98,6 @@ def fetched(source: Source, policy: FetchPolicy) -> Source:
     """The item with its bytes read (named as the file is, for the decoders' routing by extension), or with the
     reason it could not be read as its error (stage `fetch`)."""
     where = location(source.path)
-    if source.span is not None:
-        return _range(source, where)
     tries = 0
     while True:
         tries += 1
@@ -123,21 +120,6 @@ def fetched(source: Source, policy: FetchPolicy) -> Source:
         except OSError as exc:  # what a client raised that is none of the above: its words, redacted
             reason = f"cannot fetch {redact(str(where))}: {exc.strerror or type(exc).__name__}"
             return _failed(source, reason, "fetch-failed")
-
-
-def _range(source: Source, where: Location) -> Source:
-    """A byte range of a file (a tar member a worker reads itself): one ranged read, checked for its length."""
-    assert source.span is not None
-    start, end, name = source.span
-    try:
-        data = where.cat_file(start, end)
-    except (OSError, UnsupportedLocation) as exc:
-        reason = f"cannot read it from {redact(str(where))}: {getattr(exc, 'strerror', None) or exc}"
-        return _failed(source, reason, "unreadable")
-    if len(data) != end - start:
-        cut = f"truncated shard: the member's data is cut after {len(data)} of {end - start} bytes"
-        return _failed(source, cut, "unreadable")
-    return replace(source, data=MediaBytes(data, name), span=None)
 
 
 def _failed(source: Source, reason: str, kind: str) -> Source:

@@ -41,8 +41,10 @@ import datetime
 import decimal
 import json
 import math
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from gemma_embed.config import RESERVED, Collection, parse_columns  # noqa: F401 - parse_columns re-exported
 from gemma_embed.errors import ItemProblem, UsageError
@@ -168,6 +170,21 @@ class Keys:
         return True
 
 
+def repeated_key(row: int, key: str) -> str:
+    """Why a row cannot have its --key-column value as its key: an earlier row of the run took it."""
+    return f"row {row} repeats the key {key!r} of an earlier row (--key-column values must be unique)"
+
+
+def checked_key(source: Source, keys: Keys) -> Source:
+    """A row found by a unit that knew only its own --key-column values (`sources.base.Unit`: each checks its own
+    rows), checked against the run's (`keys`, taken in input order): its failure when an earlier row of another unit
+    took its key, as the single-process find stage words it; else the row as it is."""
+    if source.row_key is None or keys.take(source.key):
+        return source
+    why = repeated_key(source.meta["row"], source.key)
+    return Source(source.row_key, source.path, error=why, kind="bad-key", position=source.position)
+
+
 @dataclass
 class _Rows:
     """Turns record batches of one table into items."""
@@ -202,10 +219,14 @@ class _Rows:
             return key, f"row {row}: its --key-column {name!r} holds a lone surrogate escape, not Unicode text"
         key = json.dumps(value) if isinstance(value, bool) else str(value)  # true, not Python's True
         if not self.keys.take(key):
-            return self.row_key(
-                row
-            ), f"row {row} repeats the key {key!r} of an earlier row (--key-column values must be unique)"
+            return self.row_key(row), repeated_key(row, key)
         return key, None
+
+    def keyed(self, source: Source, row: int) -> Source:
+        """The row's item, marked with its own key (`Source.row_key`) when its key is a --key-column value it took."""
+        if self.collection.key_column is None:
+            return source
+        return replace(source, row_key=self.row_key(row))
 
     def at(self, row: int) -> str:
         """Where a row is, in a line about it: `row 3`, and the file when its key is a --key-column value."""
@@ -241,7 +262,7 @@ class _Rows:
             valid = column[i].is_valid
             data = data_cells[i].as_buffer() if data_cells is not None and valid else None
             name = path_cells[i].as_py() if path_cells is not None and valid else None
-            yield self.item(key, row, meta, data, name)
+            yield self.keyed(self.item(key, row, meta, data, name), row)
 
     def item(self, key: str, row: int, meta: dict, data, name: str | None) -> Source:
         """The row's item from its cell: `data` (a buffer with `.size`, or bytes) or a path `name`."""
@@ -340,11 +361,32 @@ def _open_parquet(path: Location):
     return pq.ParquetFile(path.local_path() if path.is_local else path.open_input())
 
 
+def _parquet_footer(path: Location) -> Any:
+    """pyarrow's reader of the file's footer alone (its schema, row groups and their row counts), read in two ranged
+    reads: its last 8 bytes, then the footer they measure. pyarrow's own open reads the last 64 KiB, which in a
+    small file or at the end of a large one is rows too: the check before a model loads, the progress count and a
+    Ray run's driver (`parquet_units`) read the footer only. A file whose footer this cannot read is opened by
+    pyarrow, which says why as in any run."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        size = path.size()
+        tail = path.cat_file(max(0, size - 8), size)
+        length = int.from_bytes(tail[:4], "little")
+        if len(tail) == 8 and tail[4:] == b"PAR1" and 12 + length <= size:
+            footer = path.cat_file(size - 8 - length, size - 8)
+            return pq.ParquetFile(pa.BufferReader(b"PAR1" + footer + tail))
+    except Exception:  # noqa: BLE001 - pyarrow's own open below says what is wrong with the file
+        pass
+    return _open_parquet(path)
+
+
 def check_parquet(path: Location, collection: Collection) -> None:
     """UsageError (naming the file) when the run's columns cannot be read from it: checked before a model is
     loaded, for files named on the command line."""
     try:
-        schema = _open_parquet(path).schema_arrow
+        schema = _parquet_footer(path).schema_arrow
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file; one line says why
         raise UsageError(f"{path}: not a readable parquet file ({_one_line(exc)})") from None
     problem = column_problem(schema, collection)
@@ -364,36 +406,88 @@ def _not_a_regular_file(path: Location, what: str, file_key: str) -> Source | No
     return None
 
 
-def parquet_rows(path: Location, file_key: str, collection: Collection, keys: Keys) -> Iterator[Source]:
-    """The items of one parquet file, in row order; a file or row group that cannot be read fails by key."""
-    import pyarrow as pa
-
+def _opened_parquet(
+    path: Location, file_key: str, collection: Collection, footer: bool = False
+) -> tuple[object, Source | None]:
+    """(pyarrow's reader, None), or (None, the file's failure as its one item): no regular file, not parquet, or
+    without the run's columns. `footer`: a reader of the footer alone (`_parquet_footer`)."""
     refused = _not_a_regular_file(path, "a parquet file", file_key)
     if refused is not None:
-        yield refused
-        return
+        return None, refused
     try:
-        table = _open_parquet(path)
+        table = _parquet_footer(path) if footer else _open_parquet(path)
         problem = column_problem(table.schema_arrow, collection)
     except Exception as exc:  # noqa: BLE001
-        yield Source(file_key, str(path), error=f"not a readable parquet file ({_one_line(exc)})", kind="unreadable")
-        return
+        return None, Source(
+            file_key, str(path), error=f"not a readable parquet file ({_one_line(exc)})", kind="unreadable"
+        )
     if problem:
-        yield Source(file_key, str(path), error=problem, kind="bad-cell")
+        return None, Source(file_key, str(path), error=problem, kind="bad-cell")
+    return table, None
+
+
+def parquet_rows(path: Location, file_key: str, collection: Collection, keys: Keys) -> Iterator[Source]:
+    """The items of one parquet file, in row order; a file or row group that cannot be read fails by key."""
+    table, failure = _opened_parquet(path, file_key, collection)
+    if failure is not None:
+        yield failure
         return
+    row = 0
+    for group in range(table.num_row_groups):  # type: ignore[attr-defined]
+        end = row + table.metadata.row_group(group).num_rows  # type: ignore[attr-defined]
+        yield from _group_rows(table, path, file_key, collection, keys, group, row, end)
+        row = end
+
+
+def _group_rows(
+    table: Any, path: Location, file_key: str, collection: Collection, keys: Keys, group: int, first: int, end: int
+) -> Iterator[Source]:
+    """The items of rows [first, end) of a parquet file, its row group `group`, read a record batch at a time and
+    only the run's columns; a row group that cannot be read fails each of its rows not read yet. `table`: the
+    file's reader, or None to open it here (a worker's `RowGroup`)."""
+    import pyarrow as pa
+
     rows = _Rows(collection, keys, str(path), file_key, path.parent)
     columns = list(dict.fromkeys(c for c in (collection.column, collection.key_column, *collection.keep_columns) if c))
+    row = first
+    try:
+        table = table if table is not None else _open_parquet(path)
+        for batch in table.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=columns, use_threads=False):
+            yield from rows.of_batch(batch, row)
+            row += batch.num_rows
+    except (pa.ArrowException, OSError) as exc:
+        yield from rows.lost(row, end, f"row group {group} cannot be read ({_one_line(exc)})")
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """A parquet file's row group left whole (a `sources.base.Unit`): whoever reads it opens the file (its footer,
+    then this group's columns: ranged reads) and gives its rows as items, as `parquet_rows` does."""
+
+    path: str
+    key: str  # the file's key: its items are FILE:ROW
+    collection: Collection
+    group: int
+    first: int  # the group's first row in the file
+    end: int
+
+    def items(self, keys: Keys, skipped: Counter | None = None) -> Iterator[Source]:
+        path = location(self.path)
+        return _group_rows(None, path, self.key, self.collection, keys, self.group, self.first, self.end)
+
+
+def parquet_units(path: Location, file_key: str, collection: Collection) -> Iterator[Source]:
+    """The file's row groups as units (`RowGroup`: their rows are read where the unit is), from its footer alone;
+    a file that cannot give items fails here, as in `parquet_rows`."""
+    table, failure = _opened_parquet(path, file_key, collection, footer=True)
+    if failure is not None:
+        yield failure
+        return
     row = 0
-    for group in range(table.num_row_groups):
-        end = row + table.metadata.row_group(group).num_rows
-        try:
-            for batch in table.iter_batches(
-                batch_size=BATCH_ROWS, row_groups=[group], columns=columns, use_threads=False
-            ):
-                yield from rows.of_batch(batch, row)
-                row += batch.num_rows
-        except (pa.ArrowException, OSError) as exc:
-            yield from rows.lost(row, end, f"row group {group} cannot be read ({_one_line(exc)})")
+    for group in range(table.num_row_groups):  # type: ignore[attr-defined]
+        end = row + table.metadata.row_group(group).num_rows  # type: ignore[attr-defined]
+        if end > row:
+            yield Source(file_key, str(path), unit=RowGroup(str(path), file_key, collection, group, row, end))
         row = end
 
 
@@ -401,7 +495,7 @@ def parquet_row_count(path: Location, collection: Collection) -> int:
     """How many items the file gives (from its footer; 1, its failure, when the columns do not fit)."""
     try:
         path.regular_file("a parquet file")
-        table = _open_parquet(path)
+        table = _parquet_footer(path)
     except Exception:  # noqa: BLE001
         return 1
     return 1 if column_problem(table.schema_arrow, collection) else table.metadata.num_rows
@@ -489,6 +583,12 @@ def _record_source(rows: _Rows, line: bounded.Line, row: int) -> Source:
     key, why = rows.key_of(row, record.get(collection.key_column) if collection.key_column else None)
     if why is not None:
         return Source(key, where, error=why, kind="bad-key")
+    return rows.keyed(_record_item(rows, key, row, record, cut_in, line), row)
+
+
+def _record_item(rows: _Rows, key: str, row: int, record: dict, cut_in: str | None, line: bounded.Line) -> Source:
+    """A keyed record as its item: its kept fields and its --column field (a text, a path or a URL)."""
+    collection, where, column = rows.collection, rows.where, rows.collection.column
     kept = {name: record.get(name) for name in collection.keep_columns}
     if not _is_unicode(kept):
         return Source(
@@ -541,6 +641,20 @@ def json_lines_rows(path: Location, file_key: str, collection: Collection, keys:
     except (OSError, NotRegularFile, ItemProblem) as exc:  # NotRegularFile: swapped in after the check above
         kind = exc.kind if isinstance(exc, ItemProblem) else "unreadable"
         yield Source(file_key, str(path), error=f"cannot read it to the end ({_one_line(exc)})", kind=kind)
+
+
+@dataclass(frozen=True)
+class JsonLines:
+    """A JSON-lines file left whole (a `sources.base.Unit`): whoever reads it gives its records as items, as
+    `json_lines_rows` does (its rows count from the file's first record, so it is read by one worker, front to
+    back)."""
+
+    path: str
+    key: str  # the file's key: its items are FILE:ROW
+    collection: Collection
+
+    def items(self, keys: Keys, skipped: Counter | None = None) -> Iterator[Source]:
+        return json_lines_rows(location(self.path), self.key, self.collection, keys)
 
 
 def json_lines_row_count(path: Location) -> int:

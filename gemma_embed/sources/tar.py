@@ -46,7 +46,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from gemma_embed import nested_json
-from gemma_embed.locations import Location, NotRegularFile
+from gemma_embed.locations import Location, NotRegularFile, location
 from gemma_embed.media import MediaBytes
 from gemma_embed.sources.base import SkippedMember, Source, item_too_large
 
@@ -75,7 +75,6 @@ class _Member:
     data: MediaBytes | None = None  # None when not read (counting, not wanted) or when it could not be read
     error: str | None = None
     kind: str = "unreadable"  # with `error`: what happened (errors.RECORD_KINDS)
-    span: tuple[int, int, str] | None = None  # where its data lies, when it is left for the decoder to read
 
 
 @dataclass
@@ -107,13 +106,10 @@ def members(
     skipped: Counter | None = None,
     read: bool = True,
     max_bytes: int | None = None,
-    spans: bool = False,
 ) -> Iterator[Source]:
     """The items of one shard, in member order: each member with a `wanted` extension (its bytes, its sample's
     sidecars), then failures as they are met; a member over `max_bytes` fails unread. With `read=False` only the
-    headers are read (members' data is skipped by seeking): what is yielded is only good for counting. With
-    `spans`, an item's data is not read either: its Source names where it lies in the shard (`Source.span`), for a
-    worker that reads it itself (a Ray decode task); sidecars are read as ever."""
+    headers are read (members' data is skipped by seeking): what is yielded is only good for counting."""
     sample = _Sample()
     seen: set[str] = set()
 
@@ -138,7 +134,6 @@ def members(
                     error=member.error,
                     kind=member.kind if member.error is not None else None,
                     data=member.data,
-                    span=member.span,
                     meta={"member": member.name, **meta} if member.error is None else {},
                 )
             elif not (takes and sample_key(member.name)[1].lower() in SIDECARS) and skipped is not None:
@@ -146,7 +141,7 @@ def members(
         sample.members.clear()
         sample.size = 0
 
-    for event in _read_shard(path, read, wanted, max_bytes, spans):
+    for event in _read_shard(path, read, wanted, max_bytes):
         if isinstance(event, _Problem):
             yield from flush()
             yield Source(shard_key, str(path), error=event.message, kind="unreadable")
@@ -162,6 +157,21 @@ def members(
         sample.members.append(event)
         sample.size += len(event.data or b"")
     yield from flush()
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A shard left whole (a `sources.base.Unit`): whoever reads it streams its members itself (`members`), so that a
+    Ray run's driver sends the shard's location, not its bytes (nor its headers: a remote shard's headers are read
+    with its members, a read-ahead block at a time)."""
+
+    path: str
+    key: str  # the shard's key: its items are SHARD:MEMBER
+    wanted: frozenset[str]
+    max_bytes: int | None
+
+    def items(self, keys: object = None, skipped: Counter | None = None) -> Iterator[Source]:
+        return members(location(self.path), self.key, self.wanted, skipped, True, self.max_bytes)
 
 
 def _suffix(name: str) -> str:
@@ -235,7 +245,6 @@ def _read_shard(
     read: bool,
     wanted: frozenset[str] = frozenset(),
     max_bytes: int | None = None,
-    spans: bool = False,
 ) -> Iterator[_Member | _NotAFile | _Problem]:
     """Regular-file members in order (with their bytes when `read` and the member is an item or a sidecar),
     members that are no files, and a _Problem wherever the shard stops making sense; after a corrupt header,
@@ -303,10 +312,6 @@ def _read_shard(
                     continue
                 if not read:
                     yield _Member(info.name)
-                    continue
-                if spans and data.sparse is None and _wanted(info.name, wanted):
-                    name = posixpath.basename(info.name)
-                    yield _Member(info.name, span=(data.offset, data.offset + data.size, name))
                     continue
                 try:
                     content = _read_data(fh, data)

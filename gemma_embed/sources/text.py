@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import IO
 
 from gemma_embed.errors import ItemProblem
@@ -78,50 +78,19 @@ def _text_sources(
         return replace(source, position=position - 1)
 
     pending: list[str] = []
-
     collection = collections.collection
-
-    def lines(file: Source) -> Iterator[Source]:
-        try:
-            where = location(file.path)
-            where.regular_file("a text file")
-            with bounded.open_bytes(where) as read:
-                yield from line_sources(read, file.key, file.path, collection)
-        except NotRegularFile as exc:
-            yield replace(file, error=str(exc), kind="unreadable")
-        except ItemProblem as exc:  # a damaged or bomb-like gzip stream: the lines before it are items
-            yield replace(file, error=f"cannot read it to the end ({exc})", kind=exc.kind)
-        except OSError as exc:
-            yield replace(file, error=f"cannot read: {exc.strerror or exc}", kind="unreadable")
-
-    def whole(file: Source) -> Source:
-        """--per-file: the file as one item, at most --max-text-bytes of it read."""
-        try:
-            where = location(file.path)
-            where.regular_file("a text file")
-            with bounded.open_bytes(where) as read:
-                data, more = bounded.read_at_most(read, collection.max_text_bytes)
-                size = len(data) + int(more)
-                if more and not bounded.compressed(where):
-                    size = max(size, where.size())
-        except NotRegularFile as exc:
-            return replace(file, error=str(exc), kind="unreadable")
-        except ItemProblem as exc:
-            return replace(file, error=f"cannot read it ({exc})", kind=exc.kind)
-        except OSError as exc:
-            return replace(file, error=f"cannot read: {exc.strerror or exc}", kind="unreadable")
-        return text_source(file.key, file.path, data, size, {}, collection, "the file")
+    found_file = file_lines if not per_file else whole_file
 
     def files() -> Iterator[Source]:
         for found in find_files(pending, walked | collections.walked(), None, False, skipped):
-            whole_file = found.error is None and not collections.is_collection(found.path)
+            plain = found.error is None and not collections.is_collection(found.path)  # a file of text
             for item in collections.expand(found):
-                if not whole_file:
+                if not plain:
                     yield numbered(item)
-                elif per_file:
-                    yield numbered(whole(item))
+                elif collection.deferred:  # read where the unit is: only its location leaves here
+                    yield numbered(replace(item, unit=TextFile(item.key, item.path, collection, per_file)))
                 else:
-                    yield from map(numbered, lines(item))
+                    yield from map(numbered, found_file(item, collection))
         pending.clear()
 
     for given in inputs:
@@ -138,6 +107,59 @@ def _text_sources(
             )
     yield from files()
     yield from map(numbered, collections.dataset_rows())
+
+
+def file_lines(file: Source, collection: Collection) -> Iterator[Source]:
+    """Every line of a text file (`file`: the found file) as its item (`line_sources`); a file that cannot be read
+    (to the end) fails by its key after the lines read."""
+    try:
+        where = location(file.path)
+        where.regular_file("a text file")
+        with bounded.open_bytes(where) as read:
+            yield from line_sources(read, file.key, file.path, collection)
+    except NotRegularFile as exc:
+        yield replace(file, error=str(exc), kind="unreadable")
+    except ItemProblem as exc:  # a damaged or bomb-like gzip stream: the lines before it are items
+        yield replace(file, error=f"cannot read it to the end ({exc})", kind=exc.kind)
+    except OSError as exc:
+        yield replace(file, error=f"cannot read: {exc.strerror or exc}", kind="unreadable")
+
+
+def whole_file(file: Source, collection: Collection) -> Iterator[Source]:
+    """--per-file: the file as one item, at most --max-text-bytes of it read."""
+    try:
+        where = location(file.path)
+        where.regular_file("a text file")
+        with bounded.open_bytes(where) as read:
+            data, more = bounded.read_at_most(read, collection.max_text_bytes)
+            size = len(data) + int(more)
+            if more and not bounded.compressed(where):
+                size = max(size, where.size())
+    except NotRegularFile as exc:
+        yield replace(file, error=str(exc), kind="unreadable")
+        return
+    except ItemProblem as exc:
+        yield replace(file, error=f"cannot read it ({exc})", kind=exc.kind)
+        return
+    except OSError as exc:
+        yield replace(file, error=f"cannot read: {exc.strerror or exc}", kind="unreadable")
+        return
+    yield text_source(file.key, file.path, data, size, {}, collection, "the file")
+
+
+@dataclass(frozen=True)
+class TextFile:
+    """A text file left whole (a `sources.base.Unit`): whoever reads it gives its lines as items (`file_lines`), or
+    with --per-file the file as one (`whole_file`)."""
+
+    key: str
+    path: str
+    collection: Collection
+    per_file: bool = False
+
+    def items(self, keys: object = None, skipped: Counter | None = None) -> Iterator[Source]:
+        file = Source(self.key, self.path)
+        return whole_file(file, self.collection) if self.per_file else file_lines(file, self.collection)
 
 
 def _reader(stream) -> bounded.Read:

@@ -131,6 +131,22 @@ def test_an_actor_killed_mid_run_is_retried_and_every_item_is_written_once(image
     assert len(keys) == len(set(keys)) == 4 and MARKER in keys
 
 
+def test_on_error_stop_ends_at_the_first_failure_as_the_single_process_run(cluster, tmp_path):
+    """--on-error stop: the sink's stop ends the Ray run as it ends a single process (the items before the bad one
+    written, the failure recorded), not as a failed Ray job."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    shutil.copy(MEDIA / "images" / "landscape.jpg", folder / "1.jpg")
+    (folder / "2.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    shutil.copy(MEDIA / "images" / "tall.png", folder / "3.png")
+    options = {"modality": "images", "inputs": [str(folder)], "model": str(GEMMA4), "on_error": "stop"}
+    reference = run(tmp_path / "single.safetensors", **options)
+    ours = run(tmp_path / "ray.safetensors", ray=cluster, **options)
+    assert reference.stopped_at_first_failure and ours.stopped_at_first_failure
+    assert ours.failures == reference.failures and [f["key"] for f in ours.failures] == ["2.jpg"]
+    same_output(ours.output, reference.output)
+
+
 # ------------------------------------------------------------------------------------------ video, audio, text
 
 
