@@ -3,16 +3,22 @@ the start to the first JSON record on stdout and to the end, for this checkout a
 e.g. a worktree of the commit before), in fresh processes, alternated (A B A B ...), also with one busy process
 beside them (`--busy`).
 
-    python -m bench.bench_first_record [--images 64] [--size 1280x720] [--tokens 280] [--against DIR] [--busy]
+    python -m bench.bench_first_record [--images 64] [--size 1280x720] [--tokens 280] [--tower tiny|medium]
+                                       [--against DIR] [--busy]
 
-The case is scaled down from the issue's (128 HD images on a medium Gemma 4 tower) to the tiny sample tower, whose
-encode is fast: decoding is most of the run, which is what a first window of many batches made everyone wait for.
+Each run also gives the first record's time after the model is loaded (the summary's `seconds` count from there)
+against one batch's encode time (the batch size chosen over the tuner's measured rate at that size): the goal is
+at most two batches. `--tower medium` is the issue's case (128 HD images on a medium Gemma 4 tower: hidden 384,
+8 layers, 6 heads, float32, built with random weights); `tiny` the sample tower, whose encode is fast, so
+decoding is most of the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -24,6 +30,15 @@ from bench import ROOT
 from bench.common import cpu_name
 
 MODEL = ROOT / "samples" / "tiny-gemma4"
+MEDIUM_VISION = dict(vision_hidden=384, vision_layers=8, vision_heads=6, vision_intermediate=1536)
+
+
+def medium_tower(folder: Path) -> Path:
+    import torch
+    from make_tiny_checkpoint import build_gemma4
+
+    sys.path.insert(0, str(ROOT / "samples"))
+    return build_gemma4(folder, seed=0, audio=False, dtype=torch.float32, **MEDIUM_VISION)
 
 
 def make_images(folder: Path, count: int, width: int, height: int) -> None:
@@ -37,10 +52,11 @@ def make_images(folder: Path, count: int, width: int, height: int) -> None:
         Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8)).save(folder / f"{n:04d}.jpg", quality=90)
 
 
-def one_run(root: Path, images: Path, out: Path, tokens: int) -> tuple[float, float, int]:
-    """(seconds to the first record, seconds to the end, records) of one fresh process of `root`'s package."""
+def one_run(root: Path, images: Path, out: Path, tokens: int, model: Path = MODEL) -> dict:
+    """One fresh process of `root`'s package: seconds to the first record and to the end, records, and from its
+    summary the seconds after the model was loaded and one batch's encode time."""
     command = [sys.executable, "-c", "from gemma_embed.cli import main; main()", "images", str(images)]
-    command += ["--model", str(MODEL), "-o", str(out), "--overwrite", "--jsonl", "--max-soft-tokens", str(tokens)]
+    command += ["--model", str(model), "-o", str(out), "--overwrite", "--jsonl", "--max-soft-tokens", str(tokens)]
     started = time.perf_counter()
     proc = subprocess.Popen(
         command,
@@ -49,18 +65,30 @@ def one_run(root: Path, images: Path, out: Path, tokens: int) -> tuple[float, fl
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
-    first, records = None, 0
+    first, records, summary = None, 0, {}
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith(b'{"type": "item"'):
             records += 1
             if first is None:
                 first = time.perf_counter() - started
+        elif line.startswith(b'{"type": "summary"'):
+            summary = json.loads(line)
     proc.wait()
     end = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"{root}: exit {proc.returncode}")
-    return (first if first is not None else end), end, records
+    first = first if first is not None else end
+    loaded = end - float(summary.get("seconds", end))
+    return {"first": first, "end": end, "records": records, "after_load": first - loaded, "batch": _batch(summary)}
+
+
+def _batch(summary: dict) -> float | None:
+    """One batch's encode time: the chosen work a batch over the rate the tuner measured at that size."""
+    chunking = summary.get("chunking") or {}
+    chosen = chunking.get("chosen")
+    found = re.search(rf"\b{chosen}: ([0-9.]+) ", chunking.get("reason", "")) if chosen else None
+    return chosen / float(found.group(1)) if found and float(found.group(1)) > 0 else None
 
 
 def main() -> None:
@@ -71,27 +99,40 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--against", type=Path, help="another checkout, run alternately with this one")
     parser.add_argument("--busy", action="store_true", help="one busy process beside the runs")
+    parser.add_argument("--tower", choices=("tiny", "medium"), default="tiny")
     args = parser.parse_args()
     width, height = map(int, args.size.split("x"))
     sides = {"this": ROOT} | ({"against": args.against.resolve()} if args.against else {})
-    print(f"CPU: {cpu_name()}; {args.images} images of {args.size} at {args.tokens} tokens, tiny-gemma4")
+    print(f"CPU: {cpu_name()}; {args.images} images of {args.size} at {args.tokens} tokens, {args.tower} tower")
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     try:
         with tempfile.TemporaryDirectory() as tmp:
+            model = medium_tower(Path(tmp) / "medium") if args.tower == "medium" else MODEL
             folder = Path(tmp) / "images"
             folder.mkdir()
             make_images(folder, args.images, width, height)
-            results: dict[str, list[tuple[float, float, int]]] = {name: [] for name in sides}
+            results: dict[str, list[dict]] = {name: [] for name in sides}
             for _ in range(args.rounds):
                 for name, root in sides.items():
-                    first, end, records = one_run(root, folder, Path(tmp) / f"{name}.safetensors", args.tokens)
-                    results[name].append((first, end, records))
-                    share = first / end
-                    print(f"  {name}: first record {first:.2f} s, end {end:.2f} s ({share:.0%}), {records} records")
+                    run = one_run(root, folder, Path(tmp) / f"{name}.safetensors", args.tokens, model)
+                    results[name].append(run)
+                    batch = f"{run['batch']:.2f} s" if run["batch"] else "unknown"
+                    print(
+                        f"  {name}: first record {run['first']:.2f} s, end {run['end']:.2f} s "
+                        f"({run['first'] / run['end']:.0%}), {run['records']} records; after the model loaded "
+                        f"{run['after_load']:.2f} s, one batch {batch}",
+                        flush=True,
+                    )
             for name, runs in results.items():
-                first = statistics.median(r[0] for r in runs)
-                end = statistics.median(r[1] for r in runs)
-                print(f"{name}: median first record {first:.2f} s of {end:.2f} s ({first / end:.0%})")
+                first = statistics.median(r["first"] for r in runs)
+                end = statistics.median(r["end"] for r in runs)
+                after = statistics.median(r["after_load"] for r in runs)
+                batches = [r["after_load"] / r["batch"] for r in runs if r["batch"]]
+                in_batches = f"{statistics.median(batches):.2f} batches" if batches else "batch time unknown"
+                print(
+                    f"{name}: median first record {first:.2f} s of {end:.2f} s ({first / end:.0%}); "
+                    f"{after:.2f} s after the model loaded ({in_batches})"
+                )
     finally:
         if busy is not None:
             busy.kill()

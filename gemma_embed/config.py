@@ -766,6 +766,15 @@ class RunConfig:
         metavar="auto|N",
         stage=ENCODE,
     )
+    tuning_cache: str = option(
+        "auto",
+        "Where the batch sizes the tuner decides are kept for the next run on this machine and model: auto (the "
+        "user's cache folder), a JSON file, or off.",
+        commands=EMBED + (SERVE,),
+        panel=PERFORMANCE,
+        metavar="auto|FILE|off",
+        stage=ENCODE,
+    )
     workers: int = option(
         2,
         "Decode and preprocessing threads.",

@@ -27,6 +27,7 @@ from gemma_embed.locations import location
 from gemma_embed.modalities import ModalityStages
 from gemma_embed.sources.base import Source
 from gemma_embed.sources.fetch import FetchPolicy
+from gemma_embed.tuned_sizes import TunedSizes
 
 # Decode the next window while a CPU encodes this one? Off: on the CPU they compete for the same cores
 # (bench/README.md has the measurements); on an accelerator the overlap is always on.
@@ -210,6 +211,7 @@ class Embedder:
                     self.reporter,
                     self.should_stop,
                     cpu_threads=threads,
+                    tuned_sizes=TunedSizes.from_setting(config.tuning_cache),
                 )
                 for stage in stages.chain
             ]

@@ -23,6 +23,7 @@ from gemma_embed.errors import DeviceError, ItemError
 from gemma_embed.memory import allocator, planner
 from gemma_embed.models.base import PreparedItem, Tower, Unit
 from gemma_embed.sizes import human_bytes
+from gemma_embed.tuned_sizes import TunedSizes, machine_key, tower_key
 from gemma_embed.tuning import CPU_START, BatchTuner
 
 ItemRows = torch.Tensor | ItemError  # an item's (or unit's) rows on the CPU, or why it has none
@@ -72,6 +73,7 @@ def is_fatal_device_error(exc: BaseException) -> bool:
 # can add to the measured peak (cuBLAS/cuDNN workspaces: 32 MiB a handle on Hopper; allocator rounding to 2 MiB
 # blocks) then raise the scale by at most ~12%, instead of multiplying it for good from a tiny chunk.
 MIN_MEASURABLE_COST = 256 * 2**20
+SAVE_SPACING = 20  # the tuner's state is saved at most once per 20 times a save's duration: at most 5% of the run
 
 
 class Engine:
@@ -85,6 +87,7 @@ class Engine:
         should_stop=None,
         device_ops: DeviceOps | None = None,
         cpu_threads: CpuThreads | None = None,
+        tuned_sizes: TunedSizes | None = None,
     ):
         self.tower = tower
         self.space = space
@@ -100,6 +103,17 @@ class Engine:
         unit = getattr(tower, "length_unit", "units")
         start = CPU_START if tower.device.type == "cpu" else None
         self.tuner = BatchTuner(start=start, unit=unit) if batch_cap is None else None
+        # The tuner's state kept across runs on this machine and tower (--tuning-cache): saved when a pair or a
+        # decision is added, at most once per SAVE_SPACING times a save's own duration (a cache, never the cost).
+        self.tuned_sizes = tuned_sizes if self.tuner is not None else None
+        self._tuned_key = ""
+        self._saved: tuple = ()
+        self._next_save = 0.0
+        if self.tuned_sizes is not None and self.tuner is not None:
+            self._tuned_key = f"{machine_key(tower.device)} | {tower_key(tower)} | {space}"
+            state = self.tuned_sizes.load(self._tuned_key)
+            if state is not None and self.tuner.resume(state, str(self.tuned_sizes.where)):
+                self._saved = self.tuner.progress()
         self.backoffs = 0
         # On a CPU: the forwards' thread count, which follows the cores other work leaves (shared by a command's
         # engines); a change of it is a change of conditions for the tuner's comparison under way.
@@ -297,10 +311,21 @@ class Engine:
             # A batch speaks for the size it was cut for when it holds at least half of it: a group's short last
             # batch does not.
             self.tuner.record(target, work, seconds, full=2 * padded >= target)
+            self._keep_tuning()
         if self._warm:  # the first chunk pays one-off costs (allocator, thread pools, kernels)
             self.work_done += work
             self.work_seconds += seconds
         self._warm = True
+
+    def _keep_tuning(self) -> None:
+        if self.tuned_sizes is None or self.tuner is None or self.tuner.progress() == self._saved:
+            return
+        now = time.monotonic()
+        if now < self._next_save:
+            return
+        self.tuned_sizes.save(self._tuned_key, self.tuner.state())
+        self._saved = self.tuner.progress()
+        self._next_save = now + SAVE_SPACING * (time.monotonic() - now)
 
     def work_per_second(self) -> float:
         """Measured encode rate in units' length (patches, frames) per second; 0 before it is known."""

@@ -39,6 +39,7 @@ MAX_PAIRS = 64  # pairs after which the mean ratio decides without the margin (i
 # lines the tuner's batches of 8192 tokens ran 1.1-1.6x the tokens/s of its batches of 4096 while other work
 # shared the cores (fewer, larger parallel regions wait less on a busy core).
 CPU_START = 8192
+MOVES_KEPT = 8  # the decisions a kept state remembers, newest last
 ORDER = (False, True, True, False)  # A B B A: whether the k-th chunk of a comparison runs the challenger
 
 
@@ -113,6 +114,7 @@ class BatchTuner:
     warmed_up: bool = False
     rates: dict[int, Rates] = field(default_factory=dict)
     moves: list[str] = field(default_factory=list)  # the comparisons decided, for the report
+    stored: str | None = None  # where the state this run continued from was kept (`resume`), for the report
 
     def size(self, cap: int) -> int:
         """The work to put in the next batch, never above `cap` (the work of the batch the memory plan admits)."""
@@ -160,6 +162,49 @@ class BatchTuner:
             self.rejected.add(comparison.challenger)
         self.comparison = None
 
+    def state(self) -> dict:
+        """What a later run on the same machine and tower continues from (`resume`): the size in use, the sizes
+        that lost against it, the comparison under way with its pairs, the decisions so far."""
+        comparison = None
+        if self.comparison is not None:
+            c = self.comparison
+            comparison = {"incumbent": c.incumbent, "challenger": c.challenger, "log_ratios": list(c.log_ratios)}
+        return {"current": self.current, "rejected": sorted(self.rejected), "comparison": comparison,
+                "moves": self.moves[-MOVES_KEPT:]}  # fmt: skip
+
+    def progress(self) -> tuple:
+        """Changes when a pair or a decision is added: whether the state is worth keeping again."""
+        pairs = len(self.comparison.log_ratios) if self.comparison is not None else 0
+        return self.current, len(self.moves), pairs, len(self.rejected)
+
+    def resume(self, state: dict, where: str) -> bool:
+        """Continue from a `state` a run before kept: its pairs count towards the comparison under way (each pair
+        compares two neighbouring batches, so pairs from runs under other loads still compare like with like).
+        False, and nothing changed, for a state that is not one."""
+        try:
+            current = int(state["current"])
+            rejected = {int(size) for size in state.get("rejected") or ()}
+            moves = [str(move) for move in state.get("moves") or ()]
+            found = state.get("comparison")
+            comparison = None
+            if found is not None:
+                comparison = Comparison(int(found["incumbent"]), int(found["challenger"]))
+                comparison.log_ratios = [float(x) for x in found["log_ratios"]][:MAX_PAIRS]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return False
+        if current < 1 or current != power_of_two_at_most(current) or any(size < 1 for size in rejected):
+            return False
+        if comparison is not None and (
+            comparison.incumbent != current
+            or comparison.challenger not in (2 * current, current // 2)
+            or not all(math.isfinite(x) for x in comparison.log_ratios)
+        ):
+            comparison = None
+        self.current, self.rejected, self.comparison, self.moves = current, rejected, comparison, moves
+        pairs = f", {len(comparison.log_ratios)} pairs of {comparison.challenger} against it" if comparison else ""
+        self.stored = f"continued from {current}{pairs}, kept for this machine and tower in {where}"
+        return True
+
     def conditions_changed(self) -> None:
         """The machine changed under the comparison under way (the CPU forwards' thread count): its pairs compare
         rates from before and after, so it starts again. Decided moves and rejected sizes stay."""
@@ -193,6 +238,8 @@ class BatchTuner:
         else:
             reason = f"fastest measured: {measured}"
         report = {"chosen": self.current, "unit": unit, "reason": reason}
+        if self.stored:
+            report["stored"] = self.stored
         if self.moves:
             report["decided"] = list(self.moves)
         return report

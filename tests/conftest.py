@@ -6,10 +6,19 @@ functions runs without importing it.
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 from helpers import IMAGE_SIZES, write_image
+
+# The user's cache folder (XDG_CACHE_HOME) is one of the session's own: the tuner keeps its state there between
+# runs (--tuning-cache auto), and a test must neither read what another session kept nor leave anything behind.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="gemma-embed-test-cache-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -30,7 +39,6 @@ def warm_cli(request, tmp_path_factory):
     """One server per pytest process that forks the command for the tests' `EXE` (tests/warm_cli.py), started
     when the session runs a test outside tests/unit (the unit subset starts no command). Nothing waits for it:
     a run before it is listening is a real start."""
-    import os
     import subprocess
     import sys
 

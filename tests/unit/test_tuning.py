@@ -98,3 +98,50 @@ def test_the_report_says_what_was_chosen_and_why_in_measured_numbers(cap):
     for size, rates in tuner.rates.items():
         assert f"{size}: {rates.median():.0f} tokens/s over {len(rates.values)} batches" in report["reason"]
     assert BatchTuner().report()["reason"] == "nothing run yet"
+
+
+# ------------------------------------------------------------------------------ a state kept across runs
+
+
+def _runs(batches_per_run: list[int], seed: int, rates=None) -> BatchTuner:
+    """Runs one after the other, each a new tuner continuing from the state the one before kept."""
+    rates = rates or {8: 1.0, 16: 1.5, 32: 1.5}
+    state = None
+    for n, batches in enumerate(batches_per_run):
+        tuner = BatchTuner(start=8)
+        if state is not None:
+            assert tuner.resume(state, "test")
+        drive(tuner, rates.get, cap=32, batches=batches, seed=seed * 100 + n, noise=0.05)
+        state = tuner.state()
+    return tuner
+
+
+def test_short_runs_that_never_decide_alone_decide_together():
+    # Six batches a run (600 lines at 8192 tokens a batch): the first is not counted, so a run adds at most two
+    # pairs, and a comparison needs three. Kept across runs, the pairs add up and 16 is taken over 8.
+    for seed in range(50):
+        alone = _runs([6], seed)
+        assert alone.current == 8 and alone.comparison is not None and not alone.moves, alone.report()
+        together = _runs([6, 6, 6], seed)
+        assert together.current >= 16 and together.moves[0].startswith("16 over 8"), together.report()
+        assert together.report()["stored"].endswith("kept for this machine and tower in test")
+
+
+def test_a_state_that_is_not_one_is_refused_and_changes_nothing():
+    good = _runs([6], 0).state()
+    for bad in (
+        {},
+        {"current": "many"},
+        {"current": 12},  # no power of two
+        {"current": 0},
+        {**good, "comparison": {"incumbent": 8, "challenger": 16, "log_ratios": ["x"]}},
+        {**good, "rejected": [None]},
+        [],
+    ):
+        tuner = BatchTuner(start=8)
+        assert not tuner.resume(bad, "test"), bad
+        assert tuner.current is None and tuner.stored is None
+    # A comparison that does not start from the size in use is dropped; the size is kept.
+    tuner = BatchTuner(start=8)
+    assert tuner.resume({**good, "comparison": {"incumbent": 4, "challenger": 64, "log_ratios": [0.1]}}, "test")
+    assert tuner.current == 8 and tuner.comparison is None
