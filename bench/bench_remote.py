@@ -4,7 +4,7 @@ alternated (disk, S3, disk, S3, ...) so the machine's other load falls on both a
 and the median ratio S3 / disk; the fetch stage (sources/fetch.py) is what keeps the ratio near 1: objects are
 fetched by its threads ahead of the decoders while the encoder works.
 
-    python -m bench.bench_remote [--images 2000] [--size 64] [--repeats 3] [--max-soft-tokens 70]
+    python -m bench.bench_remote [--images 2000] [--size 64] [--repeats 3] [--max-soft-tokens 70] [--busy]
 
 The server runs on the benchmark's own machine: its CPU time per object (printed) is taken from the encoder's
 cores, which a real store would not take.
@@ -88,6 +88,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-soft-tokens", type=int, default=None, help="default: the checkpoint's (280)")
+    parser.add_argument("--busy", action="store_true", help="one busy process beside the runs")
     args = parser.parse_args()
 
     port = free_port()
@@ -114,20 +115,25 @@ def main() -> None:
             tokens = args.max_soft_tokens
             embed(sides["disk"], root / "warm.safetensors", tokens)  # imports, the first model load: for neither
             rates: dict[str, list[float]] = {side: [] for side in sides}
+            busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
             for repeat in range(args.repeats):
-                for side, inputs in sides.items():
+                order = list(sides.items())  # disk, s3, then s3, disk: a drift of the load falls on both alike
+                for side, inputs in order if repeat % 2 == 0 else order[::-1]:
                     before = cpu_seconds(server.pid)
                     seconds, items = embed(inputs, root / f"{side}.safetensors", tokens)
                     served = (cpu_seconds(server.pid) - before) / items * 1000
                     rates[side].append(items / seconds)
                     print(
                         f"repeat {repeat + 1} {side:>4}: {items} items in {seconds:.2f} s, {items / seconds:.1f}/s "
-                        f"(the S3 server's CPU: {served:.2f} ms an item)"
+                        f"(the S3 server's CPU: {served:.2f} ms an item)",
+                        flush=True,
                     )
+            if busy is not None:
+                busy.kill()
             ratios = [s3 / disk for s3, disk in zip(rates["s3"], rates["disk"], strict=True)]
             print(
                 f"CPU: {cpu_name()} ({os.cpu_count()} cores); {args.images} JPEGs of {args.size}x{args.size}, "
-                f"--max-soft-tokens {tokens or 'default'}"
+                f"--max-soft-tokens {tokens or 'default'}{'; one busy process beside the runs' if busy else ''}"
             )
             print(
                 f"median items/s: disk {statistics.median(rates['disk']):.1f}, s3 {statistics.median(rates['s3']):.1f};"
