@@ -660,7 +660,7 @@ class RunConfig:
     # Output ----------------------------------------------------------------------------------------------
     output: Location = option(  # a location of the seam (gemma_embed/locations), as the command line spells it
         location("embeddings.safetensors"),
-        "Output .safetensors file; a folder (DIR/, with the slash) holds DIR/embeddings.safetensors.",
+        "Output .safetensors file, or DIR/.",
         commands=EMBED + (EXPORT,),
         help_by_command=((EXPORT, "Default: OUT.FORMAT beside it; - (parquet, jsonl): stdout."),),
         command_defaults={EXPORT: None},
@@ -768,11 +768,10 @@ class RunConfig:
     )
     tuning_cache: str = option(
         "auto",
-        "Where the batch sizes the tuner decides are kept for the next run on this machine and model: auto (the "
-        "user's cache folder), a JSON file, or off.",
+        "Keep tuned batch sizes (or off, FILE).",
         commands=EMBED + (SERVE,),
         panel=PERFORMANCE,
-        metavar="auto|FILE|off",
+        metavar="auto",
         stage=ENCODE,
     )
     workers: int = option(
