@@ -37,13 +37,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session", autouse=True)
 def warm_cli(request, tmp_path_factory):
     """One server per pytest process that forks the command for the tests' `EXE` (tests/warm_cli.py), started
-    when the session runs a test outside tests/unit (the unit subset starts no command). Nothing waits for it:
-    a run before it is listening is a real start."""
+    when the session runs a test outside tests/unit (the unit subset starts no command). Its socket listens from
+    here on: a run while the server still imports waits for it."""
     import subprocess
     import sys
 
     from helpers import ROOT
-    from warm_cli import SOCKET_VARIABLE
+    from warm_cli import SOCKET_VARIABLE, listen
 
     if os.environ.get("GEMMA_EMBED_TEST_NO_WARM_CLI") or all(
         Path(str(item.fspath)).parent.name == "unit" for item in request.session.items
@@ -52,12 +52,13 @@ def warm_cli(request, tmp_path_factory):
         return
     folder = tmp_path_factory.mktemp("warm-cli")
     socket_path = folder / "socket"
-    with open(folder / "server.log", "wb") as log:
+    with open(folder / "server.log", "wb") as log, listen(socket_path) as listener:
         server = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "warm_cli.py"), str(socket_path), str(folder / "ready")],
+            [sys.executable, str(ROOT / "tests" / "warm_cli.py"), str(listener.fileno())],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
+            pass_fds=(listener.fileno(),),
         )
     os.environ[SOCKET_VARIABLE] = str(socket_path)
     yield

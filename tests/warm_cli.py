@@ -13,7 +13,7 @@ kills itself at once. tests/cli/test_warm_cli.py checks each of these against th
 
 What a forked child cannot give is the start of a new process, so those runs are a real `exec` of the installed
 command (the server's log names the reason): an environment that differs in anything read at import time (all
-but `RUNTIME_VARIABLES`), other resource limits or capabilities, or no server yet. Tests that watch the process
+but `RUNTIME_VARIABLES`), other resource limits or capabilities, or no server. Tests that watch the process
 itself (its RSS, its /proc entries, the PID in a lock file, what a SIGKILL leaves) or its imports use `REAL_EXE`,
 `SLOW_EXE` or `python -c`; tests/cli/test_start_up_imports.py checks the real start.
 """
@@ -150,22 +150,28 @@ def client(argv: list[str]) -> None:
 # ---------------------------------------------------------------------------------------------- the server
 
 
-def serve(path: str, ready: str) -> None:
-    """Import what a run imports, then fork a command for each caller until the socket's file is removed."""
+def listen(path: Path) -> socket.socket:
+    """The server's socket, bound and listening before the server starts (`serve` is handed it): a caller from
+    then on connects at once and waits in the backlog until the server has imported, never missing it; if the
+    server dies, its callers' connections end and they start the command themselves."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(64)
+    return listener
+
+
+def serve(listening_fd: int) -> None:
+    """Import what a run imports, then fork a command for each caller on the socket `listen` made."""
     import importlib
     import threading
 
+    listener = socket.socket(fileno=listening_fd)
     # What the runs on the samples import, torch and transformers' modelling first. Nothing here computes with
     # torch: a child forked after OpenMP's threads have started would wait for threads it does not have.
     for name in PRELOADED:
         importlib.import_module(name)
     environment = _import_time_environment(dict(os.environ))
     limits = _limits()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)
-    with open(ready, "w") as out:
-        out.write(str(os.getpid()))
     while True:
         conn, _ = listener.accept()
         try:
@@ -201,8 +207,8 @@ def serve(path: str, ready: str) -> None:
             _become_the_command(request, fds, conn)
         for fd in fds:
             os.close(fd)
+        print(f"{request['argv'][:1]}: forked {pid}", flush=True)  # logged before its caller learns of it
         _send(conn, {"pid": pid})
-        print(f"{request['argv'][:1]}: forked {pid}", flush=True)
         threading.Thread(target=_report_exit, args=(pid, conn), daemon=True).start()
 
 
@@ -243,8 +249,11 @@ def _become_the_command(request: dict, fds: list[int], conn: socket.socket) -> N
         tempfile.tempdir = None  # computed again from this environment's TMPDIR
         _standard_streams()
 
-        def caller_gone():  # EOF: the caller died (a SIGKILL a test sent it); so does the command
-            while conn.recv(1 << 10):
+        def caller_gone():  # the caller died (a SIGKILL a test sent it); so does the command
+            try:
+                while conn.recv(1 << 10):
+                    pass
+            except OSError:  # a reset: the caller's end closed with the server's answer unread
                 pass
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -318,4 +327,4 @@ def _flush(code: int = 1) -> int:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], sys.argv[2])
+    serve(int(sys.argv[1]))

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -24,20 +24,11 @@ TEXT_MODEL = ROOT / "samples" / "tiny-embeddinggemma"
 
 @pytest.fixture
 def server_log() -> Path:
-    """The server's log, once it listens (its socket accepts a connection); skipped where no server was started
-    (GEMMA_EMBED_TEST_NO_WARM_CLI)."""
+    """The server's log (each run it forks, each real start and why), written before a caller hears back; skipped
+    where no server was started (GEMMA_EMBED_TEST_NO_WARM_CLI)."""
     path = os.environ.get(SOCKET_VARIABLE)
     if not path:
         pytest.skip("no warm command server in this session (GEMMA_EMBED_TEST_NO_WARM_CLI is set)")
-    deadline = time.monotonic() + 300  # its imports: seconds on a quiet machine, more beside the suite
-    while True:
-        with socket.socket(socket.AF_UNIX) as probe:
-            try:
-                probe.connect(path)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the warm command server never listened"
-                time.sleep(0.05)
     return Path(path).parent / "server.log"
 
 
@@ -108,12 +99,16 @@ def test_signals_reach_the_command_and_a_killed_caller_takes_it_along(server_log
     assert not _accepts(address)
 
     proc, address = _start_serving(EXE)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait(timeout=60) == -signal.SIGKILL
-    deadline = time.monotonic() + 60
-    while _accepts(address):  # the command notices its caller's end at once and kills itself
-        assert time.monotonic() < deadline, "the command outlived its killed caller"
-        time.sleep(0.05)
+    command = int(server_log.read_text().rsplit(": forked ", 1)[1].split()[0])  # the forked child's PID
+    ended = os.pidfd_open(command)  # readable once that process has exited (Linux 5.3)
+    try:
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        # The command notices its caller's end at once and kills itself.
+        assert select.select([ended], [], [], 60)[0], "the command outlived its killed caller"
+    finally:
+        os.close(ended)
+    assert not _accepts(address)
 
 
 def test_a_run_whose_environment_differs_at_import_is_a_real_start(server_log):
