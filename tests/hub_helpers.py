@@ -24,6 +24,8 @@ import threading
 import urllib.parse
 from pathlib import Path
 
+from remote_helpers import QuietHandler, local_server
+
 COMMIT = "0123456789abcdef0123456789abcdef01234567"  # the one commit of every repository served
 PAGE = 4  # entries a tree page (the Hub's is 1000; small, so that a listing of a few files is paginated)
 
@@ -46,20 +48,13 @@ class FakeHub:
         self.lock = threading.Lock()
         hub = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 hub._answer(self)
 
             do_HEAD = do_POST = do_PUT = do_DELETE = do_GET
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.server, self.thread = local_server(Handler)
 
     @property
     def endpoint(self) -> str:

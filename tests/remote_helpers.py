@@ -61,6 +61,22 @@ def s3fs_client():
 # ------------------------------------------------------------------------------------------ a counting proxy
 
 
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """HTTP/1.1 and no log lines: the local servers' handlers build on it."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def local_server(handler: type[http.server.BaseHTTPRequestHandler]):
+    """A threaded server of `handler` on 127.0.0.1 at a free port, and the thread that serves it (not started)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    return server, threading.Thread(target=server.serve_forever, daemon=True)
+
+
 class CountingProxy:
     """An HTTP proxy in front of `upstream` that relays every request and counts the response bytes it sent back:
     what a client really fetched, measured outside it. `events` orders what happened: ("sent", method, path) when
@@ -76,12 +92,7 @@ class CountingProxy:
         self.lock = threading.Lock()
         proxy = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def _relay(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
@@ -113,9 +124,7 @@ class CountingProxy:
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _relay
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.server, self.thread = local_server(Handler)
 
     @property
     def endpoint(self) -> str:
@@ -165,12 +174,7 @@ class MediaServer:
         self.changed = threading.Condition()
         media = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 gated = path.startswith("/gate/")
@@ -226,9 +230,7 @@ class MediaServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.server, self.thread = local_server(Handler)
 
     def read(self, name: str) -> bytes:
         return (self.folder / name).read_bytes()
