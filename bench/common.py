@@ -21,11 +21,9 @@ def cpu_name() -> str:
     """The CPU's model name (the kernel's /proc/cpuinfo), for a benchmark's header line."""
     import platform
 
-    cpuinfo = Path("/proc/cpuinfo")
-    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
+    from gemma_embed.cpu_threads import cpu_model
+
+    return cpu_model() or platform.processor() or "unknown CPU"
 
 
 def peak_rss() -> int:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROC_STAT = Path("/proc/stat")
+CPUINFO = Path("/proc/cpuinfo")
 # A span is measured once /proc/stat's rounding can move the result by at most this many cores: each CPU's counter
 # may be one tick short at either end of a span, so 2 ticks per CPU (0.2 s of span per CPU at 10 ms ticks; 0.4 s on
 # 2 CPUs, 6.4 s on 32), and never less than MIN_SPAN_S.
@@ -42,6 +43,18 @@ STALE_S = 10.0
 # /proc/stat's fields after the name: user nice system idle iowait irq softirq steal (guest is inside user).
 # Steal is time a hypervisor gave this CPU to someone else: not free for us either.
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
+
+
+def cpu_model() -> str:
+    """The CPU's model name as the kernel gives it (`/proc/cpuinfo`'s "model name"), or "" where it gives none."""
+    try:
+        text = CPUINFO.read_text(errors="replace")
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return ""
 
 
 def threads_for(cores: int, others: float, most: int) -> int:

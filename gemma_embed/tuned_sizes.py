@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 from typing import Any
 
+from gemma_embed.cpu_threads import cpu_model
 from gemma_embed.locations import Location, location
 
 FORMAT = "gemma-embed batch sizes 1"
@@ -41,20 +43,7 @@ def machine_key(device) -> str:
         import torch
 
         return f"cuda: {torch.cuda.get_device_name(device)}"
-    return f"cpu: {_cpu_model()} x {os.cpu_count()}"
-
-
-def _cpu_model() -> str:
-    import platform
-
-    try:
-        text = location("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return platform.processor() or platform.machine()
-    for line in text.splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    return f"cpu: {cpu_model() or platform.processor() or platform.machine()} x {os.cpu_count()}"
 
 
 def tower_key(tower) -> str:
