@@ -20,8 +20,9 @@ rotated in every round:
 `--busy on` repeats the rounds with one busy process (`python -c "while True: pass"`) sharing the cores, started
 before each round and killed by its PID after. Printed per corpus: items/s, tokens/s, padding share (tokens
 computed that were padding: sentence-transformers' measured on the attention masks its Transformer module gets),
-peak RSS, and the largest relative difference of each side's vectors to each text encoded alone (the reference:
-sentence-transformers at batch size 1, over the first `--alone-lines` lines); then the median over rounds of
+peak RSS, and the largest relative difference of each side's vectors to each text encoded alone (the references:
+sentence-transformers at batch size 1, over the first `--alone-lines` lines, in float32 and with the model in
+float64); then the median over rounds of
 gemma-embed's items/s over each sentence-transformers side's. The machine's load moves absolute numbers a lot
 (other work shares its cores): the ratios, from rounds that alternate the sides, are what compare.
 """
@@ -68,6 +69,11 @@ def child_st(ckpt: str, corpus: str, out: str, batch_size: str) -> dict:
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(ckpt, device="cpu")
+    if batch_size == "1-float64":  # the reference: each text alone, every weight and sum in float64
+        import torch
+
+        model.to(torch.float64)
+        batch_size = "1"
     lines = read_lines(corpus)
     computed = {"real": 0, "padded": 0}
 
@@ -192,6 +198,7 @@ def main() -> None:
             first = tmp / f"{kind}-first.txt"
             first.write_text("".join(f"{line}\n" for line in read_lines(str(corpus))[: args.alone_lines]))
             alone = run("st", first, "1", f"{kind}-alone")[1]
+            alone64 = run("st", first, "1-float64", f"{kind}-alone64")[1]
             candidates = [int(b) for b in args.st_batch_sizes.split(",")] if args.st_best is None else []
             tried = {b: run("st", corpus, str(b), f"{kind}-st{b}")[0]["embed_s"] for b in candidates}
             best = min(tried, key=tried.get) if tried else args.st_best
@@ -204,7 +211,7 @@ def main() -> None:
             )
             print(
                 f"{'load':>5} {'side':>24} {'items/s':>8} {'tokens/s':>9} {'padding':>8} {'peak RSS MiB':>13} "
-                f"{'vs alone':>9}"
+                f"{'vs alone':>9} {'vs f64':>8}"
             )
             sides = {"st": ("st", str(ST_DEFAULT)), "st-best": ("st", str(best)), "ours": ("ours", "auto")}
             for busy in args.busy.split(","):
@@ -226,10 +233,13 @@ def main() -> None:
                     rates = [rec["items"] / rec["embed_s"] for rec, _ in runs[name]]
                     rec = runs[name][0][0]
                     worst = max(worst_difference(vectors[: len(alone)], alone) for _, vectors in runs[name])
+                    worst64 = max(
+                        worst_difference(vectors[: len(alone)].astype(np.float64), alone64) for _, vectors in runs[name]
+                    )
                     print(
                         f"{'busy' if busy == 'on' else 'quiet':>5} {labels[name]:>24} {statistics.median(rates):>8.1f} "
                         f"{statistics.median(rates) * tokens / args.lines:>9.0f} {100 * rec['padding']:>7.1f}% "
-                        f"{max(r['peak_rss'] for r, _ in runs[name]) / 2**20:>13.0f} {worst:>9.1e}"
+                        f"{max(r['peak_rss'] for r, _ in runs[name]) / 2**20:>13.0f} {worst:>9.1e} {worst64:>8.1e}"
                     )
                 for name in ("st", "st-best"):
                     ratios = [
