@@ -1,7 +1,7 @@
 """The batch sizes the tuner decided, kept across runs per machine and tower (`--tuning-cache`).
 
-One run often ends before the tuner can decide: 600 lines of text are 6 batches of 8192 tokens, and a comparison
-needs at least `tuning.MIN_PAIRS` pairs of batches after the first (the summary said "still exploring ... 0 pairs
+One run often ends before the tuner can decide: a comparison needs at least `tuning.MIN_PAIRS` pairs of batches
+after the first, and a short run has few batches that a size shaped (the summary said "still exploring ... 0 pairs
 so far" on every such run). So the tuner's state (the size in use, the sizes that lost, the comparison under way
 with its pairs) is kept in one small JSON file and the next run on the same machine and tower continues from it:
 pairs add up across runs until a comparison is decided, and a decided size is where later runs start.

@@ -115,6 +115,8 @@ class BatchTuner:
     rates: dict[int, Rates] = field(default_factory=dict)
     moves: list[str] = field(default_factory=list)  # the comparisons decided, for the report
     stored: str | None = None  # where the state this run continued from was kept (`resume`), for the report
+    batches: int = 0  # batches after the first
+    unshaped: int = 0  # ... of which held under half their size: no size shaped them
 
     def size(self, cap: int) -> int:
         """The work to put in the next batch, never above `cap` (the work of the batch the memory plan admits)."""
@@ -138,6 +140,9 @@ class BatchTuner:
         if not self.warmed_up:  # the run's first batch pays one-off costs
             self.warmed_up = True
             return
+        self.batches += 1
+        if not full:
+            self.unshaped += 1
         if seconds <= 0 or work <= 0 or not full:
             return
         rate = work / seconds
@@ -229,10 +234,27 @@ class BatchTuner:
             f"{s}: {self.rates[s].median():.0f} {self.unit}/s over {len(self.rates[s].values)} batches" for s in order
         )
         measured = measured or "no full batch measured after the first"
-        if self.comparison is not None:
+        if not self.rates and self.unshaped:
+            # Ragged units share a batch only with units of their padded length: where each length's group is
+            # smaller than half the sizes compared (600 mixed lines: about 20 lengths, groups of 2,000-3,000
+            # tokens against 8192 and 16384), every batch is a whole group, the same at either size, and no
+            # comparison can be measured. "still exploring" would promise a decision that this input cannot give.
+            reason = (
+                f"no batch held half of {self.current} {self.unit}: each was a whole group of units of one length "
+                f"({self.unshaped} batches after the first), the same at any larger size, so none was measured "
+                f"and the size decided nothing here"
+            )
+            if self.comparison is not None:
+                reason += f" ({self.comparison.challenger} against {self.current} waits for larger groups)"
+        elif self.comparison is not None:
             challenger = self.comparison.challenger
             reason = f"still exploring ({challenger} against {self.current}, {len(self.comparison.log_ratios)} pairs"
             reason += f" so far): {measured}"
+            if self.unshaped:  # why so few: the groups of one length were smaller than the sizes compared
+                reason += (
+                    f"; {self.unshaped} of {self.batches} batches after the first held under half their size (a "
+                    f"whole group of units of one length, or a group's last part) and measured no size"
+                )
         elif self.capped:
             reason = f"capped by memory; no smaller size was faster by the margin: {measured}"
         else:

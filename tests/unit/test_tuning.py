@@ -100,6 +100,26 @@ def test_the_report_says_what_was_chosen_and_why_in_measured_numbers(cap):
     assert BatchTuner().report()["reason"] == "nothing run yet"
 
 
+def test_batches_no_size_shaped_are_reported_as_such_not_as_a_comparison_under_way():
+    # 600 mixed lines: every length group under half of 8192 tokens, so each batch is a whole group and neither
+    # side of 16384 against 8192 is ever measured.
+    tuner = BatchTuner(start=8192, unit="tokens")
+    assert tuner.size(1 << 20) == 8192
+    for work in (3000, 2500, 1800, 2900, 700):
+        tuner.record(8192, work, 1.0, full=2 * work >= 8192)
+    report = tuner.report()
+    assert report["chosen"] == 8192 and tuner.rates == {}
+    assert "still exploring" not in report["reason"]
+    assert report["reason"].startswith("no batch held half of 8192 tokens: each was a whole group")
+    assert "(4 batches after the first)" in report["reason"] and "16384 against 8192 waits" in report["reason"]
+    # One batch that the size did shape, and the report is the measured one again.
+    tuner.record(8192, 8000, 1.0)
+    reason = tuner.report()["reason"]
+    assert reason.startswith("still exploring (16384 against 8192, 0 pairs so far): 8192: 8000 tokens/s over 1")
+    assert reason.endswith("; 4 of 5 batches after the first held under half their size (a whole group of units of "
+                           "one length, or a group's last part) and measured no size")  # fmt: skip
+
+
 # ------------------------------------------------------------------------------ a state kept across runs
 
 
