@@ -235,14 +235,14 @@ class BatchTuner:
         )
         measured = measured or "no full batch measured after the first"
         if not self.rates and self.unshaped:
-            # Ragged units share a batch only with units of their padded length: where each length's group is
-            # smaller than half the sizes compared (600 mixed lines: about 20 lengths, groups of 2,000-3,000
-            # tokens against 8192 and 16384), every batch is a whole group, the same at either size, and no
-            # comparison can be measured. "still exploring" would promise a decision that this input cannot give.
+            # Units share a batch only with units of their (padded) length, within one window: where each length's
+            # group is smaller than half the sizes compared (600 mixed lines: about 20 lengths, 41 of 42 batches
+            # about 1,100 tokens against 8192 and 16384), every batch is a whole group, the same at either size,
+            # and no comparison can be measured. "still exploring" would promise a decision this input cannot give.
+            batches = f"{self.unshaped} {'batch' if self.unshaped == 1 else 'batches'} after the first"
             reason = (
                 f"no batch held half of {self.current} {self.unit}: each was a whole group of units of one length "
-                f"({self.unshaped} batches after the first), the same at any larger size, so none was measured "
-                f"and the size decided nothing here"
+                f"({batches}), the same at any larger size, so none was measured and the size decided nothing here"
             )
             if self.comparison is not None:
                 reason += f" ({self.comparison.challenger} against {self.current} waits for larger groups)"
