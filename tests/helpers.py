@@ -29,6 +29,9 @@ REAL_EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gem
 EXE = warm_cli.launcher(ROOT / "tests")
 os.environ[warm_cli.REAL_VARIABLE] = REAL_EXE
 SLOW_EXE = ROOT / "tests" / "slow_gemma_embed.py"  # the real CLI with a delay before each encode (its docstring)
+# SLOW_EXE forked from the same warm server (`python SLOW_EXE` without it): for runs stopped by a signal it passes
+# on; a run killed with SIGKILL, or whose PID or /proc entry a test reads, stays `python SLOW_EXE`.
+SLOW_CLI = warm_cli.launcher(ROOT / "tests", SLOW_EXE)
 
 # A wrapper whose only child is the gemma-embed command: RUSAGE_CHILDREN's ru_maxrss is then that command's peak.
 PEAK_RSS_WRAPPER = textwrap.dedent("""

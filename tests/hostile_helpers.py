@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from helpers import ROOT, SAMPLE_MODEL, SLOW_EXE
+from helpers import ROOT, SAMPLE_MODEL, SLOW_CLI
 
 EG2 = ROOT / "samples" / "tiny-embeddinggemma2"
 
@@ -78,7 +77,7 @@ class GatedRun:
         self.gate = tmp_path / "gate"
         self.gate.mkdir()
         self.parts = out.with_name(out.name + ".parts")
-        self.args = [str(a) for a in (sys.executable, SLOW_EXE, "--gate", self.gate, "images", images)]
+        self.args = [str(a) for a in (SLOW_CLI, "--gate", self.gate, "images", images)]
         self.args += ["--model", str(SAMPLE_MODEL), "-o", str(out), "--flush-every", "1", "--batch-size", "1"]
         self.args += ["--max-soft-tokens", "70"]
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

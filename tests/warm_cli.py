@@ -15,7 +15,9 @@ What a forked child cannot give is the start of a new process, so those runs are
 command (the server's log names the reason): an environment that differs in anything read at import time (all
 but `RUNTIME_VARIABLES`), other resource limits or capabilities, or no server. Tests that watch the process
 itself (its RSS, its /proc entries, the PID in a lock file, what a SIGKILL leaves) or its imports use `REAL_EXE`,
-`SLOW_EXE` or `python -c`; tests/cli/test_start_up_imports.py checks the real start.
+`python SLOW_EXE` or `python -c`; tests/cli/test_start_up_imports.py checks the real start. `SLOW_CLI` is the
+same launcher for tests/slow_gemma_embed.py (the CLI slowed or gated at chosen stages), run as `__main__` in the
+forked child: the runs a test stops with a signal it passes on (SIGINT, SIGHUP, SIGQUIT, SIGTERM) use it.
 """
 
 from __future__ import annotations
@@ -83,19 +85,21 @@ def _receive(reader) -> dict | None:
 # ---------------------------------------------------------------------------------------------- the caller
 
 
-def launcher(tests: Path) -> str:
+def launcher(tests: Path, script: Path | None = None) -> str:
     """An executable `gemma-embed` that runs `client` with this interpreter, named by its absolute path (a shim
-    such as pyenv's would change the environment on the way). Written once under the temporary folder."""
+    such as pyenv's would change the environment on the way). Written once under the temporary folder. With
+    `script` (tests/slow_gemma_embed.py), the forked child runs that script as `__main__` instead of the console
+    script, and without the server it is `python script`."""
     import hashlib
     import tempfile
 
     text = (
         f"#!{sys.executable}\n"
         f"import sys\nsys.path.insert(0, {str(tests)!r})\n"
-        "from warm_cli import client\nclient(sys.argv[1:])\n"
+        f"from warm_cli import client\nclient(sys.argv[1:], {str(script) if script else None!r})\n"
     )
     folder = Path(tempfile.gettempdir()) / f"gemma-embed-tests-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
-    path = folder / "gemma-embed"
+    path = folder / (Path(script).stem if script else "gemma-embed")
     if not path.exists():
         folder.mkdir(exist_ok=True)
         temporary = folder / f".gemma-embed.{os.getpid()}"
@@ -105,9 +109,11 @@ def launcher(tests: Path) -> str:
     return str(path)
 
 
-def client(argv: list[str]) -> None:
-    """`tests/bin/gemma-embed`: the run through the server, else the installed command itself."""
+def client(argv: list[str], script: str | None = None) -> None:
+    """The launcher's body: the run through the server, else the installed command (or `python script`) itself."""
     real = os.environ.get(REAL_VARIABLE) or "gemma-embed"
+    if script is not None:
+        real, argv = sys.executable, [script, *argv]
     path = os.environ.get(SOCKET_VARIABLE)
     conn = None
     if path:
@@ -121,6 +127,8 @@ def client(argv: list[str]) -> None:
     if conn is None:
         os.execvp(real, [real, *argv])
     request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "umask": os.umask(0o22), "limits": _limits()}
+    if script is not None:
+        request["script"], request["argv"] = script, argv[1:]
     os.umask(request["umask"])
     socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
     reader = conn.makefile("rb")
@@ -258,8 +266,16 @@ def _become_the_command(request: dict, fds: list[int], conn: socket.socket) -> N
             os.kill(os.getpid(), signal.SIGKILL)
 
         threading.Thread(target=caller_gone, daemon=True).start()
-        sys.argv = [os.environ.get(REAL_VARIABLE) or "gemma-embed", *request["argv"]]
-        from gemma_embed.cli import main
+        script = request.get("script")
+        sys.argv = [script or os.environ.get(REAL_VARIABLE) or "gemma-embed", *request["argv"]]
+        if script:
+            import runpy
+
+            def main():  # as `python script`: its folder first on the path, run as __main__
+                sys.path.insert(0, str(Path(script).parent))
+                runpy.run_path(script, run_name="__main__")
+        else:
+            from gemma_embed.cli import main
 
         try:
             main()

@@ -15,7 +15,7 @@ import subprocess
 import faiss
 import numpy as np
 import pytest
-from helpers import EXE, ROOT, write_image
+from helpers import EXE, ROOT, SAMPLE_MODEL, write_image
 from hostile_helpers import GatedRun, snapshot
 from safetensors import safe_open
 from safetensors.numpy import save_file
@@ -86,7 +86,7 @@ def test_resume_refuses_a_parts_folder_replaced_by_a_link_and_writes_nothing_thr
     shutil.move(run.parts, elsewhere / "parts")
     os.symlink(elsewhere / "parts", run.parts)
     before = snapshot(elsewhere)
-    code, stdout, stderr = _cli("images", images, "--model", run.args[7], "-o", out, "--resume", "--flush-every", "1")
+    code, stdout, stderr = _cli("images", images, "--model", SAMPLE_MODEL, "-o", out, "--resume", "--flush-every", "1")
     assert code == 2
     line = _one_error(stderr)
     assert line == (
@@ -109,7 +109,7 @@ def test_resume_refuses_a_part_file_replaced_by_a_link_and_leaves_its_target_alo
     part.unlink()
     part.symlink_to(victim)
     before = snapshot(victim.parent)
-    code, stdout, stderr = _cli("images", images, "--model", run.args[7], "-o", out, "--resume", "--flush-every", "1")
+    code, stdout, stderr = _cli("images", images, "--model", SAMPLE_MODEL, "-o", out, "--resume", "--flush-every", "1")
     assert code == 2
     line = _one_error(stderr)
     assert line.startswith(f"error: {part}: not a part file (a symbolic link to {victim}; not followed)"), line

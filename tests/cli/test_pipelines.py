@@ -11,13 +11,12 @@ import queue
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from helpers import EXE, ROOT, SAMPLE_MODEL, SLOW_EXE, record_batches, reporting_cli, run_images, write_image
+from helpers import EXE, ROOT, SAMPLE_MODEL, SLOW_CLI, record_batches, reporting_cli, run_images, write_image
 
 import gemma_embed
 from gemma_embed.config import DEFAULT_MODELS
@@ -149,9 +148,7 @@ def _slow(
         extra += ["--gate", str(gate)]
     if load:
         extra += ["--load", str(load), "--loading-marker", str(marker)]
-    return subprocess.Popen(
-        [sys.executable, str(SLOW_EXE), *extra, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+    return subprocess.Popen([SLOW_CLI, *extra, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def _lines(stream) -> queue.Queue:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import EXE, ROOT, SLOW_EXE, TEST_MEDIA, write_image
+from helpers import EXE, ROOT, SLOW_CLI, SLOW_EXE, TEST_MEDIA, write_image
 
 import gemma_embed
 
@@ -205,9 +205,9 @@ def _start_and_stop(tmp_path, images, out, sig) -> subprocess.CompletedProcess:
     gate.mkdir()
     for batch in range(4):
         (gate / str(batch)).touch()
+    start = [sys.executable, str(SLOW_EXE)] if sig == signal.SIGKILL else [SLOW_CLI]  # what a SIGKILL leaves: real
     args = [
-        sys.executable,
-        str(SLOW_EXE),
+        *start,
         "--gate",
         str(gate),
         "images",

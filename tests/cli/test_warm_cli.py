@@ -1,7 +1,8 @@
 """The tests' `EXE` (the command forked from a server that has imported it, tests/warm_cli.py) behaves as the
 installed command started anew, which the rest of the suite relies on: the same exit code, records and output
 bytes; the signals a test sends reach the command; a caller killed with SIGKILL takes its command with it; and a run
-whose environment differs in what is read at import is a real start."""
+whose environment differs in what is read at import is a real start. `SLOW_CLI` (tests/slow_gemma_embed.py forked
+the same way) behaves as `python tests/slow_gemma_embed.py`."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import select
 import signal
 import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from helpers import EXE, REAL_EXE, ROOT, SAMPLE_MODEL
+from helpers import EXE, REAL_EXE, ROOT, SAMPLE_MODEL, SLOW_CLI, SLOW_EXE
 from warm_cli import SOCKET_VARIABLE
 
 SAMPLE_IMAGES = ROOT / "samples" / "media" / "images"
@@ -88,6 +91,32 @@ def _accepts(address: tuple[str, int]) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_the_slowed_script_runs_forked_as_python_runs_it(tmp_path, server_log):
+    """SLOW_CLI runs tests/slow_gemma_embed.py as `__main__` in the forked child: its patches apply (each device
+    batch waits for its gate file, so a run whose gate holds batch 0 open and is then sent SIGINT stops with 130 and
+    no output, as `python SLOW_EXE` does), and a run through it writes the real start's bytes."""
+    outputs = {}
+    for name, start in (("warm", [SLOW_CLI]), ("real", [sys.executable, str(SLOW_EXE)])):
+        folder = tmp_path / name
+        (folder / "gate").mkdir(parents=True)
+        before = _forked(server_log)
+        args = ["--gate", "gate", "images", SAMPLE_IMAGES, "--model", SAMPLE_MODEL, "-o", "out.safetensors"]
+        held = subprocess.Popen([*start, *map(str, args)], cwd=folder, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120  # only against a hang
+        while not (folder / "out.lock").exists() and held.poll() is None and time.monotonic() < deadline:
+            select.select([], [], [], 0.02)  # the run has taken its output: it goes no further than batch 0's gate
+        held.send_signal(signal.SIGINT)
+        _, stderr = held.communicate(timeout=120)
+        assert held.returncode == 130 and "Traceback" not in stderr and not (folder / "out.safetensors").exists()
+        assert _forked(server_log) - before == (1 if name == "warm" else 0)
+        for batch in range(64):
+            (folder / "gate" / str(batch)).touch()
+        done = subprocess.run([*start, *map(str, args), "--overwrite"], cwd=folder, capture_output=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        outputs[name] = (folder / "out.safetensors").read_bytes()
+    assert outputs["warm"] == outputs["real"]
 
 
 def test_signals_reach_the_command_and_a_killed_caller_takes_it_along(server_log):

@@ -73,36 +73,46 @@ def test_persistent_device_error_ends_the_run_keeping_saved_items(tmp_path, gemm
 def test_the_first_batch_is_encoded_before_a_whole_window_is_decoded(tmp_path, gemma4_dir, monkeypatch):
     """Issue 34, goal 1: the first window is one batch, so the first records do not wait for WINDOW_BATCHES
     batches' worth of decoding; later windows are full. Before, 12 images at --batch-size 2 decoded 6 (a window
-    of 4 batches in the making) before the first encode."""
+    of 4 batches in the making) before the first encode. Here every decode but the first batch's waits until the
+    first encode has begun: a run that needed more than one batch decoded before encoding would wait out the
+    guard instead (an order of events, not of timings: a busy machine cannot change it)."""
+    import threading
+
     from gemma_embed import decoding
-    from gemma_embed.engine import WINDOW_BATCHES
 
     folder = tmp_path / "same-size"
     folder.mkdir()
     for seed in range(12):
         write_image(folder / f"{seed:02d}.png", 96, 64, seed)
-    events: list[str] = []
+    options = {"max_soft_tokens": 70, "batch_size": 2, "workers": 2}
+    first_batch = {f"{seed:02d}.png" for seed in range(options["batch_size"])}
+    encoding = threading.Event()
+    waited_out: list[str] = []
+    decoded_before_encoding: list[str] = []
     decode = decoding.decode_and_prepare
 
-    def counted_decode(*args, **kwargs):
-        prepared = decode(*args, **kwargs)
-        events.append("decode")
+    def held_decode(modality, source, *args, **kwargs):
+        name = source.key.rsplit("/", 1)[-1]
+        if name not in first_batch and not encoding.wait(timeout=120):  # only against a hang
+            waited_out.append(name)
+        prepared = decode(modality, source, *args, **kwargs)
+        if not encoding.is_set():
+            decoded_before_encoding.append(name)
         return prepared
 
     encode = Gemma4VisionTower.encode
 
     def counted_encode(self, units, space):
-        events.append("encode")
+        encoding.set()
         return encode(self, units, space)
 
-    monkeypatch.setattr(decoding, "decode_and_prepare", counted_decode)
+    monkeypatch.setattr(decoding, "decode_and_prepare", held_decode)
     monkeypatch.setattr(Gemma4VisionTower, "encode", counted_encode)
-    options = {"max_soft_tokens": 70, "batch_size": 2, "workers": 2}
     code, records, _ = run_images([folder], gemma4_dir, tmp_path / "o.safetensors", **options)
     assert code == 0 and records[-1]["ok"] == 12
-    first_encode = events.index("encode")
-    # The window being built is decoded, and at most 2 x --workers items are in flight: 4, not 4 batches' 8.
-    assert first_encode <= 2 * options["workers"] < WINDOW_BATCHES["exact"] * options["batch_size"], events
+    # The first encode began with the first batch's two items decoded and nothing else: no decode waited it out.
+    assert not waited_out, waited_out
+    assert sorted(decoded_before_encoding) == sorted(first_batch), decoded_before_encoding  # not a window's 8
     reference = tmp_path / "reference.safetensors"
     assert run_images([folder], gemma4_dir, reference, max_soft_tokens=70, batch_size=1)[0] == 0
     ours, theirs = gemma_embed.load(tmp_path / "o.safetensors"), gemma_embed.load(reference)
