@@ -111,9 +111,7 @@ def launcher(tests: Path, script: Path | None = None) -> str:
 
 def client(argv: list[str], script: str | None = None) -> None:
     """The launcher's body: the run through the server, else the installed command (or `python script`) itself."""
-    real = os.environ.get(REAL_VARIABLE) or "gemma-embed"
-    if script is not None:
-        real, argv = sys.executable, [script, *argv]
+    start = [sys.executable, script] if script else [os.environ.get(REAL_VARIABLE) or "gemma-embed"]
     path = os.environ.get(SOCKET_VARIABLE)
     conn = None
     if path:
@@ -125,17 +123,16 @@ def client(argv: list[str], script: str | None = None) -> None:
         except OSError:
             conn = None
     if conn is None:
-        os.execvp(real, [real, *argv])
+        os.execvp(start[0], [*start, *argv])
     request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "umask": os.umask(0o22), "limits": _limits()}
-    if script is not None:
-        request["script"], request["argv"] = script, argv[1:]
+    request["script"] = script
     os.umask(request["umask"])
     socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
     reader = conn.makefile("rb")
     answer = _receive(reader)
     if answer is None or "pid" not in answer:
         conn.close()
-        os.execvp(real, [real, *argv])
+        os.execvp(start[0], [*start, *argv])
     pid = answer["pid"]
 
     def forward(signum, frame):
