@@ -61,7 +61,7 @@ def main() -> None:
     from PIL import Image
     from transformers import AutoImageProcessor
 
-    from bench.bench_release import build_checkpoint, matmul_rate
+    from bench.bench_release import build_checkpoint, image_flops, matmul_rate
     from gemma_embed import Embedder
     from gemma_embed.device import cpu_bf16_units
 
@@ -79,12 +79,13 @@ def main() -> None:
         limit = matmul_rate(dtype)
 
         processor = AutoImageProcessor.from_pretrained(str(ckpt))
-        patches = 0
+        patches_per_image = []
         start = time.perf_counter()
         for file in files:
             with Image.open(file) as img:
                 prepared = processor([img.convert("RGB")], return_tensors="pt", max_soft_tokens=args.budget)
-            patches += int((prepared["image_position_ids"] != -1).all(dim=-1).sum())  # real patches, no padding
+            patches_per_image.append(int((prepared["image_position_ids"] != -1).all(dim=-1).sum()))  # no padding
+        patches = sum(patches_per_image)
         preprocessing = (time.perf_counter() - start) / len(files)
 
         walls = []
@@ -99,8 +100,7 @@ def main() -> None:
         for event in events:
             shares[category(event.key)] += event.self_cpu_time_total
         total = sum(shares.values())
-        per_patch = 16 * (2 * (4 * 768 * 768 + 3 * 768 * 3072) + 4 * (patches // args.images) * 768)
-        flops = patches * per_patch
+        flops = image_flops(patches_per_image)
         wall = min(walls)
         print(
             f"# {cpu_name()}, {torch.get_num_threads()} threads, bf16 units {', '.join(cpu_bf16_units()) or 'none'}; "
