@@ -241,7 +241,8 @@ class Engine:
             try:
                 started = time.perf_counter()
                 rows_out = self._encode(batch)
-                self._measured(batch, time.perf_counter() - started, target)
+                whole = position == 0 and end == len(indices)
+                self._measured(batch, time.perf_counter() - started, target, whole)
             except Exception as exc:  # noqa: BLE001 - every failure becomes a record, a retry or a stop
                 if is_fatal_device_error(exc):
                     raise self._device_failed(exc) from exc
@@ -300,8 +301,9 @@ class Engine:
                 f"the budget"
             )
 
-    def _measured(self, batch: list[Unit], seconds: float, target: int | None) -> None:
-        """Feed one batch's time to the tuner and to the rate that sizes decode windows."""
+    def _measured(self, batch: list[Unit], seconds: float, target: int | None, whole: bool) -> None:
+        """Feed one batch's time to the tuner and to the rate that sizes decode windows. `whole`: the batch held
+        its whole group (the same batch at any size that admits the group)."""
         work = sum(u.length for u in batch)
         longest = max(u.length for u in batch)
         padded = len(batch) * (longest if self.tower.grouping == "exact" else padded_length(longest))
@@ -310,7 +312,7 @@ class Engine:
         if self.tuner:
             # A batch speaks for the size it was cut for when it holds at least half of it: a group's short last
             # batch does not.
-            self.tuner.record(target, work, seconds, full=2 * padded >= target)
+            self.tuner.record(target, work, seconds, full=2 * padded >= target, whole_group=padded if whole else None)
             self._keep_tuning()
         if self._warm:  # the first chunk pays one-off costs (allocator, thread pools, kernels)
             self.work_done += work

@@ -17,6 +17,13 @@ measured 6,122 / 3,383 / 4,486 rows/s for chunks of 1 / 2 / 4, and settled on 1)
   margin the size in use stays. One slow sample never moves it;
 - every chunk keeps adding to the rates reported (`report()` says what was chosen and why, in numbers a user can
   check).
+A comparison also ends without timings where the challenger cannot change the run: units share a batch only with
+units of their length, so a batch that held its whole group, with the group under both sizes, is the same batch at
+either size. Once `DEDUCE_AFTER` batches of the comparison have run, if the work in batches the challenger could
+change is too small a share for it to win by `GAIN` even at twice the rate (`STEP_GAIN_BOUND`), the size in use is
+kept: 600 mixed lines made 41 of 42 batches whole groups of about 1,100 tokens, and 16384 against 8192 waited for
+pairs that never came. Such a decision depends on the input, not on the machine, so it is not kept across runs (a
+later run on longer texts compares again); it costs nothing, since every batch it counts runs at the size in use.
 The run's first chunk pays one-off costs (allocator, thread pools, kernels) and is never counted. Pure bookkeeping:
 timings come from the caller.
 """
@@ -39,6 +46,10 @@ MAX_PAIRS = 64  # pairs after which the mean ratio decides without the margin (i
 # lines the tuner's batches of 8192 tokens ran 1.1-1.6x the tokens/s of its batches of 4096 while other work
 # shared the cores (fewer, larger parallel regions wait less on a busy core).
 CPU_START = 8192
+DEDUCE_AFTER = 16  # batches of a comparison before its share of changeable work may end it
+# A doubling at most doubles the rate: a batch of twice the work takes no less time than the smaller one. A halving
+# is held to the same bound (a half batch running over twice the rate would be a cache cliff the pairs would show).
+STEP_GAIN_BOUND = 2.0
 MOVES_KEPT = 8  # the decisions a kept state remembers, newest last
 ORDER = (False, True, True, False)  # A B B A: whether the k-th chunk of a comparison runs the challenger
 
@@ -66,6 +77,12 @@ class Comparison:
     step: int = 0
     pending: float | None = None  # the first rate of the pair under way
     log_ratios: list[float] = field(default_factory=list)  # log(challenger rate / incumbent rate), per pair
+    # This run's batches while the comparison was under way, and those the same at either size (a whole group under
+    # both), with their work: whether the challenger could change enough of the run to win.
+    batches: int = 0
+    work: float = 0.0
+    same_batches: int = 0
+    same_work: float = 0.0
 
     def next_size(self) -> int:
         return self.challenger if ORDER[self.step % len(ORDER)] else self.incumbent
@@ -99,6 +116,23 @@ class Comparison:
             return mean > math.log(GAIN)
         return None
 
+    def count(self, work: float, whole_group: float | None) -> None:
+        """A batch of `work` ran while this comparison was under way; `whole_group`: it held its whole group, of
+        that much padded work."""
+        self.batches += 1
+        self.work += work
+        if whole_group is not None and whole_group <= min(self.incumbent, self.challenger):
+            self.same_batches += 1
+            self.same_work += work
+
+    def best_gain(self) -> float | None:
+        """The most the challenger could speed the run up, taking the changeable batches' share of the work at
+        `STEP_GAIN_BOUND` times the rate and the rest as it is; None before `DEDUCE_AFTER` batches."""
+        if self.batches < DEDUCE_AFTER or self.work <= 0:
+            return None
+        changeable = 1.0 - self.same_work / self.work
+        return 1.0 / (1.0 - changeable * (1.0 - 1.0 / STEP_GAIN_BOUND))
+
 
 @dataclass
 class BatchTuner:
@@ -109,11 +143,13 @@ class BatchTuner:
     current: int | None = None  # the size in use
     comparison: Comparison | None = None
     rejected: set[int] = field(default_factory=set)  # challengers that lost against the size in use
+    same: set[int] = field(default_factory=set)  # ... of which those that could not change this run's batches
     ceiling: int | None = None  # an out-of-memory error: sizes from twice this up are never tried again
     capped: bool = False  # the last batch could not double: the memory plan's size is reached
     warmed_up: bool = False
     rates: dict[int, Rates] = field(default_factory=dict)
     moves: list[str] = field(default_factory=list)  # the comparisons decided, for the report
+    deduced: list[str] = field(default_factory=list)  # ... those decided by `same`, this run's only
     stored: str | None = None  # where the state this run continued from was kept (`resume`), for the report
     batches: int = 0  # batches after the first
     unshaped: int = 0  # ... of which held under half their size: no size shaped them
@@ -134,37 +170,61 @@ class BatchTuner:
         wanted = self.comparison.next_size() if self.comparison is not None else self.current
         return min(wanted, limit)
 
-    def record(self, size: int, work: float, seconds: float, full: bool = True) -> None:
+    def record(
+        self, size: int, work: float, seconds: float, full: bool = True, whole_group: float | None = None
+    ) -> None:
         """A batch run for `size` did `work` (real, not padding) in `seconds`. `full`: it was shaped by `size` (not a
-        group's short last batch), so its rate speaks for that size."""
+        group's short last batch), so its rate speaks for that size. `whole_group`: the batch held its whole group
+        of units of one length, of that much padded work (None: part of a group)."""
         if not self.warmed_up:  # the run's first batch pays one-off costs
             self.warmed_up = True
             return
         self.batches += 1
         if not full:
             self.unshaped += 1
-        if seconds <= 0 or work <= 0 or not full:
-            return
-        rate = work / seconds
-        self.rates.setdefault(size, Rates()).values.append(rate)
         comparison = self.comparison
-        if comparison is None or size != comparison.next_size():
-            return  # not the side the A B B A order expects (memory cut it): the pairs stay in order
-        comparison.add(size, rate)
-        verdict = comparison.verdict()
-        if verdict is None:
-            return
+        if comparison is not None and work > 0:
+            comparison.count(work, whole_group)
+        if seconds > 0 and work > 0 and full:
+            rate = work / seconds
+            self.rates.setdefault(size, Rates()).values.append(rate)
+            if comparison is not None and size == comparison.next_size():
+                # (another size: the A B B A order's side was cut by memory, and the pairs stay in order)
+                comparison.add(size, rate)
+                verdict = comparison.verdict()
+                if verdict is not None:
+                    self._decided(comparison, verdict)
+                    return
+        if comparison is not None and (gain := comparison.best_gain()) is not None and gain < GAIN:
+            self._kept_as_the_same(comparison, gain)
+
+    def _decided(self, comparison: Comparison, taken: bool) -> None:
         ratio = math.exp(statistics.fmean(comparison.log_ratios))
         pairs = len(comparison.log_ratios)
-        if verdict:
+        if taken:
             self.moves.append(f"{comparison.challenger} over {comparison.incumbent}: {ratio:.2f}x over {pairs} pairs")
             self.current = comparison.challenger
             self.rejected = {comparison.incumbent}
+            self.same.clear()
         else:
             self.moves.append(
                 f"kept {comparison.incumbent} over {comparison.challenger}: {ratio:.2f}x over {pairs} pairs"
             )
             self.rejected.add(comparison.challenger)
+        self.comparison = None
+
+    def _kept_as_the_same(self, comparison: Comparison, gain: float) -> None:
+        """The challenger could not change enough of this run's batches to win by `GAIN`: the size in use stays,
+        for this run only (`same` is not kept: the decision is the input's, not the machine's)."""
+        c = comparison
+        share = c.same_work / c.work
+        self.deduced.append(
+            f"kept {c.incumbent} over {c.challenger} without timing them: {c.same_batches} of {c.batches} batches "
+            f"({share:.0%} of the {self.unit}) were whole groups of one length under {min(c.incumbent, c.challenger)} "
+            f"{self.unit}, the same batches at either size; the rest could gain at most {gain:.2f}x"
+        )
+        self.rejected.add(c.challenger)
+        self.same.add(c.challenger)
         self.comparison = None
 
     def state(self) -> dict:
@@ -174,7 +234,7 @@ class BatchTuner:
         if self.comparison is not None:
             c = self.comparison
             comparison = {"incumbent": c.incumbent, "challenger": c.challenger, "log_ratios": list(c.log_ratios)}
-        return {"current": self.current, "rejected": sorted(self.rejected), "comparison": comparison,
+        return {"current": self.current, "rejected": sorted(self.rejected - self.same), "comparison": comparison,
                 "moves": self.moves[-MOVES_KEPT:]}  # fmt: skip
 
     def progress(self) -> tuple:
@@ -213,8 +273,10 @@ class BatchTuner:
     def conditions_changed(self) -> None:
         """The machine changed under the comparison under way (the CPU forwards' thread count): its pairs compare
         rates from before and after, so it starts again. Decided moves and rejected sizes stay."""
-        if self.comparison is not None:
-            self.comparison = Comparison(self.comparison.incumbent, self.comparison.challenger)
+        if self.comparison is not None:  # which batches were the same at either size holds under any load
+            c = self.comparison
+            self.comparison = Comparison(c.incumbent, c.challenger, batches=c.batches, work=c.work,
+                                         same_batches=c.same_batches, same_work=c.same_work)  # fmt: skip
 
     def limit(self, work: int) -> None:
         """An out-of-memory error at a batch of `work`: nothing from there up is tried again."""
@@ -234,18 +296,18 @@ class BatchTuner:
             f"{s}: {self.rates[s].median():.0f} {self.unit}/s over {len(self.rates[s].values)} batches" for s in order
         )
         measured = measured or "no full batch measured after the first"
-        if not self.rates and self.unshaped:
+        if not self.rates and self.unshaped and self.comparison is not None:
             # Units share a batch only with units of their (padded) length, within one window: where each length's
             # group is smaller than half the sizes compared (600 mixed lines: about 20 lengths, 41 of 42 batches
             # about 1,100 tokens against 8192 and 16384), every batch is a whole group, the same at either size,
-            # and no comparison can be measured. "still exploring" would promise a decision this input cannot give.
+            # and no comparison can be measured: the share of work a size could change decides (`best_gain`).
             batches = f"{self.unshaped} {'batch' if self.unshaped == 1 else 'batches'} after the first"
+            c = self.comparison
             reason = (
-                f"no batch held half of {self.current} {self.unit}: each was a whole group of units of one length "
-                f"({batches}), the same at any larger size, so none was measured and the size decided nothing here"
+                f"no batch held half of {self.current} {self.unit} so far: each was a whole group of units of one "
+                f"length ({batches}), the same at any larger size, so none was measured ({c.challenger} against "
+                f"{c.incumbent}: after {DEDUCE_AFTER} batches, decided by the share of work it could change)"
             )
-            if self.comparison is not None:
-                reason += f" ({self.comparison.challenger} against {self.current} waits for larger groups)"
         elif self.comparison is not None:
             challenger = self.comparison.challenger
             reason = f"still exploring ({challenger} against {self.current}, {len(self.comparison.log_ratios)} pairs"
@@ -257,11 +319,14 @@ class BatchTuner:
                 )
         elif self.capped:
             reason = f"capped by memory; no smaller size was faster by the margin: {measured}"
+        elif self.same and not self.rates:
+            others = " and ".join(str(size) for size in sorted(self.same))
+            reason = f"the size in use: {others} would run the same batches on this input (decided): {measured}"
         else:
             reason = f"fastest measured: {measured}"
         report = {"chosen": self.current, "unit": unit, "reason": reason}
         if self.stored:
             report["stored"] = self.stored
-        if self.moves:
-            report["decided"] = list(self.moves)
+        if self.moves or self.deduced:
+            report["decided"] = [*self.moves, *self.deduced]
         return report

@@ -17,7 +17,7 @@ def test_run_from_python_returns_its_result_and_prints_nothing(tmp_path, capfd):
     assert result.rows == sum(t.shape[0] for t in gemma_embed.load(out).values())
     assert result.summary()["type"] == "summary" and result.chunking
     # The stage says in words why its batch size (tests/unit/test_tuning.py has each case).
-    reasons = ("still exploring", "capped by memory", "fastest measured", "no batch held half of")
+    reasons = ("still exploring", "capped by memory", "fastest measured", "no batch held half of", "the size in use")
     assert result.chunking["reason"].startswith(reasons)
     printed = capfd.readouterr()
     assert printed.out == "" and printed.err == ""

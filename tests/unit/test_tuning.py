@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gemma_embed.tuning import CPU_START, BatchTuner
+from gemma_embed.tuning import CPU_START, DEDUCE_AFTER, BatchTuner
 
 SEEDS = range(300)
 
@@ -106,18 +106,67 @@ def test_batches_no_size_shaped_are_reported_as_such_not_as_a_comparison_under_w
     tuner = BatchTuner(start=8192, unit="tokens")
     assert tuner.size(1 << 20) == 8192
     for work in (3000, 2500, 1800, 2900, 700):
-        tuner.record(8192, work, 1.0, full=2 * work >= 8192)
+        tuner.record(8192, work, 1.0, full=2 * work >= 8192, whole_group=work)
     report = tuner.report()
     assert report["chosen"] == 8192 and tuner.rates == {}
     assert "still exploring" not in report["reason"]
-    assert report["reason"].startswith("no batch held half of 8192 tokens: each was a whole group")
-    assert "(4 batches after the first)" in report["reason"] and "16384 against 8192 waits" in report["reason"]
+    assert report["reason"].startswith("no batch held half of 8192 tokens so far: each was a whole group")
+    assert "(4 batches after the first)" in report["reason"]
+    assert f"(16384 against 8192: after {DEDUCE_AFTER} batches, decided by the share" in report["reason"]
     # One batch that the size did shape, and the report is the measured one again.
     tuner.record(8192, 8000, 1.0)
     reason = tuner.report()["reason"]
     assert reason.startswith("still exploring (16384 against 8192, 0 pairs so far): 8192: 8000 tokens/s over 1")
     assert reason.endswith("; 4 of 5 batches after the first held under half their size (a whole group of units of "
                            "one length, or a group's last part) and measured no size")  # fmt: skip
+
+
+def mixed_lines(tuner: BatchTuner, groups: list[int], seed: int, noise: float = 0.5, count: int = 200) -> None:
+    """`count` length groups (`groups`: their padded tokens, at random) in batches, cut at the size the tuner asks
+    for: a group over it runs in full batches of that size and a short last one. Timings are noise: the size
+    decides nothing: every batch runs at 1000 tokens/s, +-noise."""
+    rng = random.Random(seed)
+    tuner.record(8192, 1000, 5.0)  # the run's first batch
+    for _ in range(count):
+        group = rng.choice(groups)
+        size = tuner.size(1 << 20)
+        if group <= size:
+            tuner.record(size, group, group / 1000 * rng.uniform(1 - noise, 1 + noise), full=2 * group >= size,
+                         whole_group=group)  # fmt: skip
+            continue
+        for start in range(0, group, size):
+            work = min(size, group - start)
+            tuner.record(size, work, work / 1000 * rng.uniform(1 - noise, 1 + noise), full=2 * work >= size)
+
+
+def test_sizes_that_would_run_the_same_batches_are_decided_against_without_timings_and_not_kept():
+    # The 600 mixed lines' shape: whole groups of about 1,100 tokens, never half of 4096, 8192 or 16384.
+    tuner = BatchTuner(start=CPU_START, unit="tokens")
+    mixed_lines(tuner, [700, 1100, 1400, 1900], seed=0)
+    report = tuner.report()
+    assert tuner.current == 8192 and tuner.comparison is None and tuner.rates == {}
+    assert report["reason"].startswith("the size in use: 4096 and 16384 would run the same batches on this input")
+    first, second = report["decided"]
+    assert first.startswith(f"kept 8192 over 16384 without timing them: {DEDUCE_AFTER} of {DEDUCE_AFTER} batches")
+    assert "whole groups of one length under 8192 tokens" in first and first.endswith("at most 1.00x")
+    assert second.startswith("kept 8192 over 4096 without timing them") and "under 4096 tokens" in second
+    # The decision is the input's: a later run (on longer texts, say) starts from 8192 and compares again.
+    state = tuner.state()
+    assert state == {"current": 8192, "rejected": [], "comparison": None, "moves": []}
+    later = BatchTuner(start=CPU_START, unit="tokens")
+    assert later.resume(state, "test") and later.size(1 << 20) == 8192 and later.comparison.challenger == 16384
+
+
+def test_a_challenger_that_could_change_a_fifth_of_the_work_is_still_timed():
+    # One group in four is 12,000 tokens: 16384 would run it as one batch instead of 8192 + 3808, a share of the
+    # work large enough that a faster rate there could win by the margin, so timings decide (the same rate at
+    # every size here: both challengers lose on their pairs).
+    for seed in range(20):
+        tuner = BatchTuner(start=CPU_START, unit="tokens")
+        mixed_lines(tuner, [700, 1100, 1400, 12000], seed=seed, noise=0.05, count=1000)
+        assert not tuner.deduced and tuner.current == 8192 and tuner.comparison is None, tuner.report()
+        assert [move.split(":")[0] for move in tuner.moves] == ["kept 8192 over 16384", "kept 8192 over 4096"]
+        assert all(move.endswith(" pairs") for move in tuner.moves)
 
 
 # ------------------------------------------------------------------------------ a state kept across runs
