@@ -22,8 +22,9 @@ units of their length, so a batch that held its whole group, with the group unde
 either size. Once `DEDUCE_AFTER` batches of the comparison have run, if the work in batches the challenger could
 change is too small a share for it to win by `GAIN` even at twice the rate (`STEP_GAIN_BOUND`), the size in use is
 kept: 600 mixed lines made 41 of 42 batches whole groups of about 1,100 tokens, and 16384 against 8192 waited for
-pairs that never came. Such a decision depends on the input, not on the machine, so it is not kept across runs (a
-later run on longer texts compares again); it costs nothing, since every batch it counts runs at the size in use.
+pairs that never came. Such a decision is the input's, not the machine's: it is kept across runs like the others,
+but the first batch the size set aside would have run differently (a longer text's group, say) reopens it, and the
+comparison is timed or deduced again. Deducing costs nothing: every batch it counts runs at the size in use.
 The run's first chunk pays one-off costs (allocator, thread pools, kernels) and is never counted. Pure bookkeeping:
 timings come from the caller.
 """
@@ -52,6 +53,12 @@ DEDUCE_AFTER = 16  # batches of a comparison before its share of changeable work
 STEP_GAIN_BOUND = 2.0
 MOVES_KEPT = 8  # the decisions a kept state remembers, newest last
 ORDER = (False, True, True, False)  # A B B A: whether the k-th chunk of a comparison runs the challenger
+
+
+def same_batch(whole_group: float | None, size: int, other: int) -> bool:
+    """Whether a batch that held a group of `whole_group` padded work (None: part of a group) is the same batch at
+    `size` and at `other`: the group fits whole under both."""
+    return whole_group is not None and whole_group <= min(size, other)
 
 
 def power_of_two_at_most(n: int) -> int:
@@ -121,7 +128,7 @@ class Comparison:
         that much padded work."""
         self.batches += 1
         self.work += work
-        if whole_group is not None and whole_group <= min(self.incumbent, self.challenger):
+        if same_batch(whole_group, self.incumbent, self.challenger):
             self.same_batches += 1
             self.same_work += work
 
@@ -143,13 +150,14 @@ class BatchTuner:
     current: int | None = None  # the size in use
     comparison: Comparison | None = None
     rejected: set[int] = field(default_factory=set)  # challengers that lost against the size in use
-    same: set[int] = field(default_factory=set)  # ... of which those that could not change this run's batches
+    # ... of which those set aside because they could not change the batches seen: each with its decision, until a
+    # batch they would have run differently reopens them
+    same: dict[int, str] = field(default_factory=dict)
     ceiling: int | None = None  # an out-of-memory error: sizes from twice this up are never tried again
     capped: bool = False  # the last batch could not double: the memory plan's size is reached
     warmed_up: bool = False
     rates: dict[int, Rates] = field(default_factory=dict)
     moves: list[str] = field(default_factory=list)  # the comparisons decided, for the report
-    deduced: list[str] = field(default_factory=list)  # ... those decided by `same`, this run's only
     stored: str | None = None  # where the state this run continued from was kept (`resume`), for the report
     batches: int = 0  # batches after the first
     unshaped: int = 0  # ... of which held under half their size: no size shaped them
@@ -182,6 +190,9 @@ class BatchTuner:
         self.batches += 1
         if not full:
             self.unshaped += 1
+        for size_aside in [s for s in self.same if not same_batch(whole_group, self.current or 0, s)]:
+            del self.same[size_aside]  # this batch would have run differently at it: compare again
+            self.rejected.discard(size_aside)
         comparison = self.comparison
         if comparison is not None and work > 0:
             comparison.count(work, whole_group)
@@ -214,33 +225,38 @@ class BatchTuner:
         self.comparison = None
 
     def _kept_as_the_same(self, comparison: Comparison, gain: float) -> None:
-        """The challenger could not change enough of this run's batches to win by `GAIN`: the size in use stays,
-        for this run only (`same` is not kept: the decision is the input's, not the machine's)."""
+        """The challenger could not change enough of the batches seen to win by `GAIN`: the size in use stays, and
+        the challenger is set aside until a batch it would change."""
         c = comparison
         share = c.same_work / c.work
-        self.deduced.append(
+        self.same[c.challenger] = (
             f"kept {c.incumbent} over {c.challenger} without timing them: {c.same_batches} of {c.batches} batches "
             f"({share:.0%} of the {self.unit}) were whole groups of one length under {min(c.incumbent, c.challenger)} "
             f"{self.unit}, the same batches at either size; the rest could gain at most {gain:.2f}x"
         )
         self.rejected.add(c.challenger)
-        self.same.add(c.challenger)
         self.comparison = None
 
     def state(self) -> dict:
         """What a later run on the same machine and tower continues from (`resume`): the size in use, the sizes
-        that lost against it, the comparison under way with its pairs, the decisions so far."""
+        that lost against it, the comparison under way with its pairs, the decisions so far, the sizes set aside as
+        running the same batches (with their decisions)."""
         comparison = None
         if self.comparison is not None:
             c = self.comparison
             comparison = {"incumbent": c.incumbent, "challenger": c.challenger, "log_ratios": list(c.log_ratios)}
-        return {"current": self.current, "rejected": sorted(self.rejected - self.same), "comparison": comparison,
-                "moves": self.moves[-MOVES_KEPT:]}  # fmt: skip
+        return {
+            "current": self.current,
+            "rejected": sorted(self.rejected - self.same.keys()),
+            "comparison": comparison,
+            "moves": self.moves[-MOVES_KEPT:],
+            "same": {str(size): why for size, why in self.same.items()},
+        }
 
     def progress(self) -> tuple:
         """Changes when a pair or a decision is added: whether the state is worth keeping again."""
         pairs = len(self.comparison.log_ratios) if self.comparison is not None else 0
-        return self.current, len(self.moves), pairs, len(self.rejected)
+        return self.current, len(self.moves), pairs, len(self.rejected), len(self.same)
 
     def resume(self, state: dict, where: str) -> bool:
         """Continue from a `state` a run before kept: its pairs count towards the comparison under way (each pair
@@ -250,6 +266,7 @@ class BatchTuner:
             current = int(state["current"])
             rejected = {int(size) for size in state.get("rejected") or ()}
             moves = [str(move) for move in state.get("moves") or ()]
+            same = {int(size): str(why) for size, why in (state.get("same") or {}).items()}
             found = state.get("comparison")
             comparison = None
             if found is not None:
@@ -259,13 +276,17 @@ class BatchTuner:
             return False
         if current < 1 or current != power_of_two_at_most(current) or any(size < 1 for size in rejected):
             return False
+        same = {size: why for size, why in same.items() if size in (2 * current, current // 2)}
         if comparison is not None and (
             comparison.incumbent != current
             or comparison.challenger not in (2 * current, current // 2)
             or not all(math.isfinite(x) for x in comparison.log_ratios)
         ):
             comparison = None
-        self.current, self.rejected, self.comparison, self.moves = current, rejected, comparison, moves
+        if comparison is not None and comparison.challenger in same:
+            comparison = None
+        self.current, self.rejected, self.comparison, self.moves = current, rejected | same.keys(), comparison, moves
+        self.same = same
         pairs = f", {len(comparison.log_ratios)} pairs of {comparison.challenger} against it" if comparison else ""
         self.stored = f"continued from {current}{pairs}, kept for this machine and tower in {where}"
         return True
@@ -327,6 +348,6 @@ class BatchTuner:
         report = {"chosen": self.current, "unit": unit, "reason": reason}
         if self.stored:
             report["stored"] = self.stored
-        if self.moves or self.deduced:
-            report["decided"] = [*self.moves, *self.deduced]
+        if self.moves or self.same:
+            report["decided"] = [*self.moves, *self.same.values()]
         return report

@@ -139,7 +139,7 @@ def mixed_lines(tuner: BatchTuner, groups: list[int], seed: int, noise: float = 
             tuner.record(size, work, work / 1000 * rng.uniform(1 - noise, 1 + noise), full=2 * work >= size)
 
 
-def test_sizes_that_would_run_the_same_batches_are_decided_against_without_timings_and_not_kept():
+def test_sizes_that_would_run_the_same_batches_are_set_aside_without_timings_until_a_batch_they_would_change():
     # The 600 mixed lines' shape: whole groups of about 1,100 tokens, never half of 4096, 8192 or 16384.
     tuner = BatchTuner(start=CPU_START, unit="tokens")
     mixed_lines(tuner, [700, 1100, 1400, 1900], seed=0)
@@ -150,11 +150,24 @@ def test_sizes_that_would_run_the_same_batches_are_decided_against_without_timin
     assert first.startswith(f"kept 8192 over 16384 without timing them: {DEDUCE_AFTER} of {DEDUCE_AFTER} batches")
     assert "whole groups of one length under 8192 tokens" in first and first.endswith("at most 1.00x")
     assert second.startswith("kept 8192 over 4096 without timing them") and "under 4096 tokens" in second
-    # The decision is the input's: a later run (on longer texts, say) starts from 8192 and compares again.
+    # Kept for the next run on this machine and tower, which starts decided...
     state = tuner.state()
-    assert state == {"current": 8192, "rejected": [], "comparison": None, "moves": []}
+    assert state["current"] == 8192 and state["rejected"] == [] and state["comparison"] is None
+    assert state["same"] == {"16384": first, "4096": second}
     later = BatchTuner(start=CPU_START, unit="tokens")
-    assert later.resume(state, "test") and later.size(1 << 20) == 8192 and later.comparison.challenger == 16384
+    assert later.resume(state, "test") and later.size(1 << 20) == 8192 and later.comparison is None
+    assert later.report()["decided"] == [first, second]
+    # ... until a batch a size set aside would have run differently. A 5,000-token group is the same batch at 8192
+    # and 16384 but two at 4096: 4096 is compared again; the first 8192 tokens of a 12,000-token group (one batch
+    # at 16384) reopen 16384.
+    later.record(8192, 1000, 1.0, whole_group=1000)  # the run's first batch
+    later.record(8192, 1100, 1.0, full=False, whole_group=1100)
+    assert later.comparison is None and set(later.same) == {16384, 4096}
+    later.record(8192, 5000, 1.0, whole_group=5000)
+    assert set(later.same) == {16384} and 4096 not in later.rejected
+    later.record(8192, 8192, 1.0)
+    assert later.same == {} and later.rejected == set()
+    assert later.size(1 << 20) == 8192 and later.comparison.challenger == 16384
 
 
 def test_a_challenger_that_could_change_a_fifth_of_the_work_is_still_timed():
@@ -164,7 +177,7 @@ def test_a_challenger_that_could_change_a_fifth_of_the_work_is_still_timed():
     for seed in range(20):
         tuner = BatchTuner(start=CPU_START, unit="tokens")
         mixed_lines(tuner, [700, 1100, 1400, 12000], seed=seed, noise=0.05, count=1000)
-        assert not tuner.deduced and tuner.current == 8192 and tuner.comparison is None, tuner.report()
+        assert not tuner.same and tuner.current == 8192 and tuner.comparison is None, tuner.report()
         assert [move.split(":")[0] for move in tuner.moves] == ["kept 8192 over 16384", "kept 8192 over 4096"]
         assert all(move.endswith(" pairs") for move in tuner.moves)
 
@@ -205,6 +218,8 @@ def test_a_state_that_is_not_one_is_refused_and_changes_nothing():
         {"current": 0},
         {**good, "comparison": {"incumbent": 8, "challenger": 16, "log_ratios": ["x"]}},
         {**good, "rejected": [None]},
+        {**good, "same": {"sixteen": "kept"}},
+        {**good, "same": ["16"]},
         [],
     ):
         tuner = BatchTuner(start=8)
@@ -214,3 +229,7 @@ def test_a_state_that_is_not_one_is_refused_and_changes_nothing():
     tuner = BatchTuner(start=8)
     assert tuner.resume({**good, "comparison": {"incumbent": 4, "challenger": 64, "log_ratios": [0.1]}}, "test")
     assert tuner.current == 8 and tuner.comparison is None
+    # A size set aside that is no neighbour of the size in use is no decision about it: dropped.
+    tuner = BatchTuner(start=8)
+    assert tuner.resume({**good, "same": {"64": "kept 8 over 64 without timing them"}}, "test")
+    assert tuner.same == {} and 64 not in tuner.rejected
