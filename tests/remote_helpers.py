@@ -157,7 +157,8 @@ class MediaServer:
     - `/cut/NAME`: the file's headers with its whole Content-Length, then half its bytes, then the connection
       closes (a truncated body);
     - `/flaky/N/NAME`: 503 for the first N requests of that path, then the file;
-    - `/gate/NAME`: the file, once `gate_width` of these requests are in flight together (or after GATE_WAIT_S):
+    - `/gate/NAME`: the file, once `gate_width` of these requests are in flight together, or all `gate_expected` of
+      them have arrived (or after GATE_WAIT_S):
       how the per-host limit is seen from the server; `peak` is the most of them ever in flight at once.
     Every request's query string is ignored (signed URLs)."""
 
@@ -166,6 +167,9 @@ class MediaServer:
     def __init__(self, folder: Path, gate_width: int = 2) -> None:
         self.folder = folder
         self.gate_width = gate_width
+        # How many gated requests the test will make: once all have arrived, the last ones can have no partner, and
+        # waiting GATE_WAIT_S for one would only add the wait (the last of eight URLs at two a time came alone).
+        self.gate_expected: int | None = None
         self.asked: dict[str, int] = {}
         self.requests: list[str] = []  # every request's path as sent, query string included
         self.in_flight = 0
@@ -218,7 +222,7 @@ class MediaServer:
                         self._send(200, media.read(parts[-1]))
                 elif parts[0] == "gate":
                     with media.changed:
-                        media.changed.wait_for(lambda: media.in_flight >= media.gate_width, media.GATE_WAIT_S)
+                        media.changed.wait_for(media._gate_open, media.GATE_WAIT_S)
                     self._send(200, media.read(parts[-1]))
                 else:
                     data = media.read(parts[-1]) if (media.folder / parts[-1]).is_file() else None
@@ -231,6 +235,12 @@ class MediaServer:
                 self.wfile.write(data)
 
         self.server, self.thread = local_server(Handler)
+
+    def _gate_open(self) -> bool:
+        """(Under `changed`.) Whether a gated request may be answered: `gate_width` of them in flight together, or
+        every gated request the test makes has arrived."""
+        arrived = sum(count for path, count in self.asked.items() if path.startswith("/gate/"))
+        return self.in_flight >= self.gate_width or (self.gate_expected is not None and arrived >= self.gate_expected)
 
     def read(self, name: str) -> bytes:
         return (self.folder / name).read_bytes()

@@ -93,6 +93,7 @@ def test_no_more_than_per_host_fetches_at_once_from_one_host(web):
     """Eight URLs whose answers wait until two requests are in flight together: with --per-host 2 and sixteen fetch
     threads, the server sees exactly two at once (more would break the limit; fewer would never open the gate)."""
     server = web["server"]
+    server.gate_expected = len(NAMES)
     sources = list(_url_sources(web, [f"gate/{name}" for name in NAMES]))
     fetched = list(fetch_ahead(sources, FetchPolicy(per_host=2, threads=16, timeout_s=30)))
     assert [bytes(s.data) for s in fetched] == [(web["folder"] / n).read_bytes() for n in NAMES]  # in order
