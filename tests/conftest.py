@@ -14,10 +14,11 @@ from pathlib import Path
 
 # Two test workers share two cores, and each worker (and each command it starts) computes with two threads: an
 # OpenMP thread that waits for its partner spins on a core the other worker needs. Waiting threads sleep instead
-# (GNU OpenMP reads this when torch loads it, so before any import of torch): the suite's user CPU fell from 687 s
-# to ... s. It changes no number a test compares (the threads' work is the same), only who holds the core while
-# waiting. The command itself needs no such setting: --cpu-threads auto drops to one thread when other work holds
-# the cores (two runs side by side took 11.5 s either way, 30.6 s against 12.3 s at a fixed --cpu-threads 2).
+# (GNU OpenMP reads this when torch loads it, so before any import of torch): the suite went from 475 s to 392 s
+# (687 s to 525 s of user CPU). It changes no number a test compares (the threads' work is the same), only who
+# holds the core while waiting. The command itself needs no such setting: --cpu-threads auto drops to one thread
+# when other work holds the cores (two runs side by side took 11.5 s either way, 30.6 s against 12.3 s at a fixed
+# --cpu-threads 2).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
