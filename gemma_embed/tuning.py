@@ -23,8 +23,8 @@ either size. Once `DEDUCE_AFTER` batches of the comparison have run, if the work
 change is too small a share for it to win by `GAIN` even at twice the rate (`STEP_GAIN_BOUND`), the size in use is
 kept: 600 mixed lines made 41 of 42 batches whole groups of about 1,100 tokens, and 16384 against 8192 waited for
 pairs that never came. Such a decision is the input's, not the machine's: it is kept across runs like the others,
-but the first batch the size set aside would have run differently (a longer text's group, say) reopens it, and the
-comparison is timed or deduced again. Deducing costs nothing: every batch it counts runs at the size in use.
+and the batches keep being counted against it; once they show the same share could win after all (longer texts,
+say), the comparison is open again. Deducing costs nothing: every batch it counts runs at the size in use.
 The run's first chunk pays one-off costs (allocator, thread pools, kernels) and is never counted. Pure bookkeeping:
 timings come from the caller.
 """
@@ -150,9 +150,10 @@ class BatchTuner:
     current: int | None = None  # the size in use
     comparison: Comparison | None = None
     rejected: set[int] = field(default_factory=set)  # challengers that lost against the size in use
-    # ... of which those set aside because they could not change the batches seen: each with its decision, until a
-    # batch they would have run differently reopens them
+    # ... of which those set aside because they could not change the batches seen: each with its decision, and the
+    # batches counted against it since (reopened when their share could win after all)
     same: dict[int, str] = field(default_factory=dict)
+    aside: dict[int, Comparison] = field(default_factory=dict)
     ceiling: int | None = None  # an out-of-memory error: sizes from twice this up are never tried again
     capped: bool = False  # the last batch could not double: the memory plan's size is reached
     warmed_up: bool = False
@@ -190,9 +191,12 @@ class BatchTuner:
         self.batches += 1
         if not full:
             self.unshaped += 1
-        for size_aside in [s for s in self.same if not same_batch(whole_group, self.current or 0, s)]:
-            del self.same[size_aside]  # this batch would have run differently at it: compare again
-            self.rejected.discard(size_aside)
+        for size_aside, tally in list(self.aside.items()):
+            if work > 0:
+                tally.count(work, whole_group)
+            if (gain := tally.best_gain()) is not None and gain >= GAIN:  # it could win after all: compare again
+                del self.aside[size_aside], self.same[size_aside]
+                self.rejected.discard(size_aside)
         comparison = self.comparison
         if comparison is not None and work > 0:
             comparison.count(work, whole_group)
@@ -217,6 +221,7 @@ class BatchTuner:
             self.current = comparison.challenger
             self.rejected = {comparison.incumbent}
             self.same.clear()
+            self.aside.clear()
         else:
             self.moves.append(
                 f"kept {comparison.incumbent} over {comparison.challenger}: {ratio:.2f}x over {pairs} pairs"
@@ -235,6 +240,8 @@ class BatchTuner:
             f"{self.unit}, the same batches at either size; the rest could gain at most {gain:.2f}x"
         )
         self.rejected.add(c.challenger)
+        self.aside[c.challenger] = Comparison(c.incumbent, c.challenger, batches=c.batches, work=c.work,
+                                              same_batches=c.same_batches, same_work=c.same_work)  # fmt: skip
         self.comparison = None
 
     def state(self) -> dict:
@@ -287,6 +294,7 @@ class BatchTuner:
             comparison = None
         self.current, self.rejected, self.comparison, self.moves = current, rejected | same.keys(), comparison, moves
         self.same = same
+        self.aside = {size: Comparison(current, size) for size in same}  # counted afresh on this run's input
         pairs = f", {len(comparison.log_ratios)} pairs of {comparison.challenger} against it" if comparison else ""
         self.stored = f"continued from {current}{pairs}, kept for this machine and tower in {where}"
         return True
