@@ -300,12 +300,15 @@ class BatchTuner:
         return True
 
     def conditions_changed(self) -> None:
-        """The machine changed under the comparison under way (the CPU forwards' thread count): its pairs compare
-        rates from before and after, so it starts again. Decided moves and rejected sizes stay."""
-        if self.comparison is not None:  # which batches were the same at either size holds under any load
-            c = self.comparison
-            self.comparison = Comparison(c.incumbent, c.challenger, batches=c.batches, work=c.work,
-                                         same_batches=c.same_batches, same_work=c.same_work)  # fmt: skip
+        """The machine changed under the comparison under way (the CPU forwards' thread count): a pair whose first
+        batch ran before the change is dropped and the A B B A order starts again, so each pair still compares
+        two neighbouring batches under one condition. Finished pairs stay, as pairs kept from runs under other
+        loads do (`resume`): dropping them all at each change threw away the pairs earlier runs had kept (one
+        kept pair, then "0 pairs so far" in the next run of 600 mixed lines) and, where the count follows a busy
+        machine's load, kept a comparison from ever ending. Decided moves and rejected sizes stay."""
+        if self.comparison is not None:
+            self.comparison.pending = None
+            self.comparison.step = 0
 
     def limit(self, work: int) -> None:
         """An out-of-memory error at a batch of `work`: nothing from there up is tried again."""

@@ -152,13 +152,14 @@ def test_proc_stat_is_read_for_the_affinitys_cpus_only(tmp_path: Path):
     assert read_busy_seconds(frozenset({0}), tmp_path / "missing") is None
 
 
-def test_a_change_of_threads_restarts_the_tuners_comparison_but_keeps_its_decisions():
+def test_a_change_of_threads_drops_the_tuners_pair_under_way_and_keeps_finished_pairs_and_decisions():
     tuner = BatchTuner(start=8)
     tuner.size(1024)
-    for size, seconds in [(8, 1.0), (8, 1.0), (16, 1.0), (16, 1.0)]:  # warm-up, then one A B pair under way
+    for size, seconds in [(8, 1.0), (8, 1.0), (16, 1.0), (16, 1.0)]:  # warm-up, one A B pair, the next one's B
         tuner.record(size, size, seconds)
     assert tuner.comparison is not None and len(tuner.comparison.log_ratios) == 1
+    assert tuner.comparison.pending is not None
     tuner.rejected.add(4)
     tuner.conditions_changed()
-    assert tuner.comparison.log_ratios == [] and tuner.comparison.step == 0
+    assert len(tuner.comparison.log_ratios) == 1 and tuner.comparison.pending is None and tuner.comparison.step == 0
     assert (tuner.comparison.incumbent, tuner.comparison.challenger) == (8, 16) and tuner.rejected == {4}
