@@ -34,8 +34,13 @@ STOP_SIGNALS = tuple(
 )
 
 
-class Interrupted(Exception):
-    """Raised at a safe point after a stop signal; carries the signal number for the exit code."""
+class Interrupted(BaseException):
+    """Raised at a safe point after a stop signal; carries the signal number for the exit code.
+
+    A BaseException, as KeyboardInterrupt is: while the model loads, the handler raises it wherever the main thread
+    is, often inside a library's `except Exception:` (huggingface_hub's lazy imports print "Error importing
+    huggingface_hub.hf_api: SIGINT" on stdout there, a line in the middle of --jsonl records; a hub download's
+    handler would have called the stop a failed download). Those handlers let it pass now."""
 
     def __init__(self, signum: int):
         self.signum = signum

@@ -51,6 +51,10 @@ DEDUCE_AFTER = 16  # batches of a comparison before its share of changeable work
 # A doubling at most doubles the rate: a batch of twice the work takes no less time than the smaller one. A halving
 # is held to the same bound (a half batch running over twice the rate would be a cache cliff the pairs would show).
 STEP_GAIN_BOUND = 2.0
+# A size set aside is compared again once that bound reaches this: a margin above GAIN, so that a share of
+# changeable work near the line does not set it aside and reopen it batch after batch (measured on 600 mixed lines:
+# set aside after 16 batches at under 9.5% of the work, reopened a few batches later at just over it).
+REOPEN_GAIN = GAIN**2
 MOVES_KEPT = 8  # the decisions a kept state remembers, newest last
 ORDER = (False, True, True, False)  # A B B A: whether the k-th chunk of a comparison runs the challenger
 
@@ -154,6 +158,7 @@ class BatchTuner:
     # batches counted against it since (reopened when their share could win after all)
     same: dict[int, str] = field(default_factory=dict)
     aside: dict[int, Comparison] = field(default_factory=dict)
+    pairs_aside: dict[int, list[float]] = field(default_factory=dict)  # a reopened size's pairs, until compared
     ceiling: int | None = None  # an out-of-memory error: sizes from twice this up are never tried again
     capped: bool = False  # the last batch could not double: the memory plan's size is reached
     warmed_up: bool = False
@@ -175,6 +180,7 @@ class BatchTuner:
             for candidate in (self.current * 2, self.current // 2):
                 if 1 <= candidate <= limit and candidate not in self.rejected:
                     self.comparison = Comparison(self.current, candidate)
+                    self.comparison.log_ratios = self.pairs_aside.pop(candidate, [])  # a reopened one's pairs
                     break
         wanted = self.comparison.next_size() if self.comparison is not None else self.current
         return min(wanted, limit)
@@ -194,9 +200,10 @@ class BatchTuner:
         for size_aside, tally in list(self.aside.items()):
             if work > 0:
                 tally.count(work, whole_group)
-            if (gain := tally.best_gain()) is not None and gain >= GAIN:  # it could win after all: compare again
+            if (gain := tally.best_gain()) is not None and gain >= REOPEN_GAIN:  # it could win after all
                 del self.aside[size_aside], self.same[size_aside]
                 self.rejected.discard(size_aside)
+                self.pairs_aside[size_aside] = tally.log_ratios  # compared again from the pairs it had
         comparison = self.comparison
         if comparison is not None and work > 0:
             comparison.count(work, whole_group)
@@ -222,6 +229,7 @@ class BatchTuner:
             self.rejected = {comparison.incumbent}
             self.same.clear()
             self.aside.clear()
+            self.pairs_aside.clear()
         else:
             self.moves.append(
                 f"kept {comparison.incumbent} over {comparison.challenger}: {ratio:.2f}x over {pairs} pairs"
@@ -240,8 +248,9 @@ class BatchTuner:
             f"{self.unit}, the same batches at either size; the rest could gain at most {gain:.2f}x"
         )
         self.rejected.add(c.challenger)
-        self.aside[c.challenger] = Comparison(c.incumbent, c.challenger, batches=c.batches, work=c.work,
-                                              same_batches=c.same_batches, same_work=c.same_work)  # fmt: skip
+        self.aside[c.challenger] = Comparison(c.incumbent, c.challenger, log_ratios=list(c.log_ratios),
+                                              batches=c.batches, work=c.work, same_batches=c.same_batches,
+                                              same_work=c.same_work)  # fmt: skip
         self.comparison = None
 
     def state(self) -> dict:
@@ -258,6 +267,7 @@ class BatchTuner:
             "comparison": comparison,
             "moves": self.moves[-MOVES_KEPT:],
             "same": {str(size): why for size, why in self.same.items()},
+            "same_pairs": {str(size): list(tally.log_ratios) for size, tally in self.aside.items() if tally.log_ratios},
         }
 
     def progress(self) -> tuple:
@@ -274,6 +284,10 @@ class BatchTuner:
             rejected = {int(size) for size in state.get("rejected") or ()}
             moves = [str(move) for move in state.get("moves") or ()]
             same = {int(size): str(why) for size, why in (state.get("same") or {}).items()}
+            same_pairs = {
+                int(size): [float(x) for x in pairs][:MAX_PAIRS]
+                for size, pairs in (state.get("same_pairs") or {}).items()
+            }
             found = state.get("comparison")
             comparison = None
             if found is not None:
@@ -294,7 +308,11 @@ class BatchTuner:
             comparison = None
         self.current, self.rejected, self.comparison, self.moves = current, rejected | same.keys(), comparison, moves
         self.same = same
-        self.aside = {size: Comparison(current, size) for size in same}  # counted afresh on this run's input
+        # counted afresh on this run's input, with the pairs they had
+        self.aside = {
+            size: Comparison(current, size, log_ratios=[x for x in same_pairs.get(size, []) if math.isfinite(x)])
+            for size in same
+        }
         pairs = f", {len(comparison.log_ratios)} pairs of {comparison.challenger} against it" if comparison else ""
         self.stored = f"continued from {current}{pairs}, kept for this machine and tower in {where}"
         return True

@@ -154,9 +154,11 @@ def test_sizes_that_would_run_the_same_batches_are_set_aside_without_timings_unt
     state = tuner.state()
     assert state["current"] == 8192 and state["rejected"] == [] and state["comparison"] is None
     assert state["same"] == {"16384": first, "4096": second}
+    assert state.get("same_pairs", {}) == {}  # no pair was timed here
+    state["same_pairs"] = {"4096": [0.2]}  # as if 4096 had one timed pair when it was set aside
     later = BatchTuner(start=CPU_START, unit="tokens")
     assert later.resume(state, "test") and later.size(1 << 20) == 8192 and later.comparison is None
-    assert later.report()["decided"] == [first, second]
+    assert later.report()["decided"] == [first, second] and later.state()["same_pairs"] == {"4096": [0.2]}
     # ... until the batches a size set aside would have run differently are a share that could win after all. A
     # 5,000-token group is one batch at 8192 and 16384 but two at 4096: sixteen of them reopen 4096, and 16384
     # stays aside; the first 8192 tokens of a 12,000-token group (one batch at 16384) sixteen times reopen 16384.
@@ -166,10 +168,11 @@ def test_sizes_that_would_run_the_same_batches_are_set_aside_without_timings_unt
     assert later.comparison is None and set(later.same) == {16384, 4096}  # too few batches to say
     later.record(8192, 5000, 1.0, whole_group=5000)
     assert set(later.same) == {16384} and 4096 not in later.rejected
+    later.size(1 << 20)
+    assert later.comparison.challenger == 4096 and later.comparison.log_ratios == [0.2]  # on from its pair
     for _ in range(DEDUCE_AFTER):
-        later.record(8192, 8192, 1.0)
-    assert later.same == {} and later.rejected == set()
-    assert later.size(1 << 20) == 8192 and later.comparison.challenger == 16384
+        later.record(8192, 8192, 1.0, full=False)  # (no timing: the comparison under way gains no pair)
+    assert later.same == {} and later.rejected == set() and later.pairs_aside == {16384: []}
 
 
 def test_a_size_set_aside_stays_aside_while_the_batches_it_would_change_stay_few():
