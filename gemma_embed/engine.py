@@ -24,7 +24,7 @@ from gemma_embed.memory import allocator, planner
 from gemma_embed.models.base import PreparedItem, Tower, Unit
 from gemma_embed.sizes import human_bytes
 from gemma_embed.tuned_sizes import TunedSizes, machine_key, tower_key
-from gemma_embed.tuning import CPU_START, BatchTuner
+from gemma_embed.tuning import CPU_START, BatchCut, BatchTuner
 
 ItemRows = torch.Tensor | ItemError  # an item's (or unit's) rows on the CPU, or why it has none
 RowsCallback = Callable[[int, ItemRows], None]
@@ -224,10 +224,11 @@ class Engine:
         while position < len(indices):
             self.should_stop()
             head = group.length  # every unit computes at it: equal (exact) or padded to its rung (ragged)
-            rows = self._memory_rows(head, backoff)
+            memory_rows = rows = self._memory_rows(head, backoff)
             target = self.tuner.size(rows * max(1, head)) if self.tuner else None
             if target is not None:
                 rows = min(rows, max(1, target // max(1, head)))
+            cut = BatchCut(length=max(1, head), memory_rows=memory_rows, remaining=len(indices) - position)
             end = min(len(indices), position + rows)
             batch_ix = indices[position:end]
             batch = [units[i] for i in batch_ix]
@@ -241,8 +242,7 @@ class Engine:
             try:
                 started = time.perf_counter()
                 rows_out = self._encode(batch)
-                whole = position == 0 and end == len(indices)
-                self._measured(batch, time.perf_counter() - started, target, whole)
+                self._measured(batch, time.perf_counter() - started, target, cut)
             except Exception as exc:  # noqa: BLE001 - every failure becomes a record, a retry or a stop
                 if is_fatal_device_error(exc):
                     raise self._device_failed(exc) from exc
@@ -301,9 +301,9 @@ class Engine:
                 f"the budget"
             )
 
-    def _measured(self, batch: list[Unit], seconds: float, target: int | None, whole: bool) -> None:
-        """Feed one batch's time to the tuner and to the rate that sizes decode windows. `whole`: the batch held
-        its whole group (the same batch at any size that admits the group)."""
+    def _measured(self, batch: list[Unit], seconds: float, target: int | None, cut: BatchCut) -> None:
+        """Feed one batch's time to the tuner and to the rate that sizes decode windows. `cut`: how the batch was
+        cut from its group (which tuned sizes would have cut the same batch)."""
         work = sum(u.length for u in batch)
         longest = max(u.length for u in batch)
         padded = len(batch) * (longest if self.tower.grouping == "exact" else padded_length(longest))
@@ -312,7 +312,7 @@ class Engine:
         if self.tuner:
             # A batch speaks for the size it was cut for when it holds at least half of it: a group's short last
             # batch does not.
-            self.tuner.record(target, work, seconds, full=2 * padded >= target, whole_group=padded if whole else None)
+            self.tuner.record(target, work, seconds, full=2 * padded >= target, cut=cut)
             self._keep_tuning()
         if self._warm:  # the first chunk pays one-off costs (allocator, thread pools, kernels)
             self.work_done += work

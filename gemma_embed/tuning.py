@@ -59,10 +59,24 @@ MOVES_KEPT = 8  # the decisions a kept state remembers, newest last
 ORDER = (False, True, True, False)  # A B B A: whether the k-th chunk of a comparison runs the challenger
 
 
-def same_batch(whole_group: float | None, size: int, other: int) -> bool:
-    """Whether a batch that held a group of `whole_group` padded work (None: part of a group) is the same batch at
-    `size` and at `other`: the group fits whole under both."""
-    return whole_group is not None and whole_group <= min(size, other)
+@dataclass(frozen=True)
+class BatchCut:
+    """How the engine cut a batch from its group: units of `length` (their padded length), at most `memory_rows`
+    of them (the memory plan), `remaining` of the group still to run."""
+
+    length: int
+    memory_rows: int
+    remaining: int
+
+    def rows_at(self, size: int) -> int:
+        """The units a batch cut for `size` would hold."""
+        return min(self.memory_rows, max(1, size // max(1, self.length)), self.remaining)
+
+
+def same_batch(cut: BatchCut | None, size: int, other: int) -> bool:
+    """Whether a batch is the same at `size` and at `other`: both would cut it to the same units (the rest of its
+    group fits under both, or the memory plan cuts it below both). None: not known, so not the same."""
+    return cut is not None and cut.rows_at(size) == cut.rows_at(other)
 
 
 def power_of_two_at_most(n: int) -> int:
@@ -127,12 +141,11 @@ class Comparison:
             return mean > math.log(GAIN)
         return None
 
-    def count(self, work: float, whole_group: float | None) -> None:
-        """A batch of `work` ran while this comparison was under way; `whole_group`: it held its whole group, of
-        that much padded work."""
+    def count(self, work: float, cut: BatchCut | None) -> None:
+        """A batch of `work`, cut as `cut` says, ran while this comparison was under way."""
         self.batches += 1
         self.work += work
-        if same_batch(whole_group, self.incumbent, self.challenger):
+        if same_batch(cut, self.incumbent, self.challenger):
             self.same_batches += 1
             self.same_work += work
 
@@ -185,12 +198,10 @@ class BatchTuner:
         wanted = self.comparison.next_size() if self.comparison is not None else self.current
         return min(wanted, limit)
 
-    def record(
-        self, size: int, work: float, seconds: float, full: bool = True, whole_group: float | None = None
-    ) -> None:
+    def record(self, size: int, work: float, seconds: float, full: bool = True, cut: BatchCut | None = None) -> None:
         """A batch run for `size` did `work` (real, not padding) in `seconds`. `full`: it was shaped by `size` (not a
-        group's short last batch), so its rate speaks for that size. `whole_group`: the batch held its whole group
-        of units of one length, of that much padded work (None: part of a group)."""
+        group's short last batch), so its rate speaks for that size. `cut`: how the engine cut it (None: not
+        known), which tells the sizes at which it would have been the same batch."""
         if not self.warmed_up:  # the run's first batch pays one-off costs
             self.warmed_up = True
             return
@@ -199,14 +210,14 @@ class BatchTuner:
             self.unshaped += 1
         for size_aside, tally in list(self.aside.items()):
             if work > 0:
-                tally.count(work, whole_group)
+                tally.count(work, cut)
             if (gain := tally.best_gain()) is not None and gain >= REOPEN_GAIN:  # it could win after all
                 del self.aside[size_aside], self.same[size_aside]
                 self.rejected.discard(size_aside)
                 self.pairs_aside[size_aside] = tally.log_ratios  # compared again from the pairs it had
         comparison = self.comparison
         if comparison is not None and work > 0:
-            comparison.count(work, whole_group)
+            comparison.count(work, cut)
         if seconds > 0 and work > 0 and full:
             rate = work / seconds
             self.rates.setdefault(size, Rates()).values.append(rate)
@@ -239,13 +250,14 @@ class BatchTuner:
 
     def _kept_as_the_same(self, comparison: Comparison, gain: float) -> None:
         """The challenger could not change enough of the batches seen to win by `GAIN`: the size in use stays, and
-        the challenger is set aside until a batch it would change."""
+        the challenger is set aside while the batches it would change stay few (`REOPEN_GAIN`)."""
         c = comparison
         share = c.same_work / c.work
         self.same[c.challenger] = (
             f"kept {c.incumbent} over {c.challenger} without timing them: {c.same_batches} of {c.batches} batches "
-            f"({share:.0%} of the {self.unit}) were whole groups of one length under {min(c.incumbent, c.challenger)} "
-            f"{self.unit}, the same batches at either size; the rest could gain at most {gain:.2f}x"
+            f"({share:.0%} of the {self.unit}) were the same batches at either size (the rest of a group of one "
+            f"length under {min(c.incumbent, c.challenger)} {self.unit}, or what the memory plan admits); the rest "
+            f"could gain at most {gain:.2f}x"
         )
         self.rejected.add(c.challenger)
         self.aside[c.challenger] = Comparison(c.incumbent, c.challenger, log_ratios=list(c.log_ratios),

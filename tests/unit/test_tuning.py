@@ -6,9 +6,14 @@ import random
 
 import pytest
 
-from gemma_embed.tuning import CPU_START, DEDUCE_AFTER, BatchTuner
+from gemma_embed.tuning import CPU_START, DEDUCE_AFTER, BatchCut, BatchTuner
 
 SEEDS = range(300)
+
+
+def whole(group: int) -> BatchCut:
+    """The cut of a batch that held the rest of its group, `group` tokens of 1-token units (no memory limit)."""
+    return BatchCut(length=1, memory_rows=1 << 30, remaining=group)
 
 
 def drive(tuner: BatchTuner, rate_of, cap: int, batches: int, seed: int, noise: float = 0.3) -> list[int]:
@@ -106,7 +111,7 @@ def test_batches_no_size_shaped_are_reported_as_such_not_as_a_comparison_under_w
     tuner = BatchTuner(start=8192, unit="tokens")
     assert tuner.size(1 << 20) == 8192
     for work in (3000, 2500, 1800, 2900, 700):
-        tuner.record(8192, work, 1.0, full=2 * work >= 8192, whole_group=work)
+        tuner.record(8192, work, 1.0, full=2 * work >= 8192, cut=whole(work))
     report = tuner.report()
     assert report["chosen"] == 8192 and tuner.rates == {}
     assert "still exploring" not in report["reason"]
@@ -132,7 +137,7 @@ def mixed_lines(tuner: BatchTuner, groups: list[int], seed: int, noise: float = 
         size = tuner.size(1 << 20)
         if group <= size:
             tuner.record(size, group, group / 1000 * rng.uniform(1 - noise, 1 + noise), full=2 * group >= size,
-                         whole_group=group)  # fmt: skip
+                         cut=whole(group))  # fmt: skip
             continue
         for start in range(0, group, size):
             work = min(size, group - start)
@@ -148,7 +153,8 @@ def test_sizes_that_would_run_the_same_batches_are_set_aside_without_timings_unt
     assert report["reason"].startswith("the size in use: 4096 and 16384 would run the same batches on this input")
     first, second = report["decided"]
     assert first.startswith(f"kept 8192 over 16384 without timing them: {DEDUCE_AFTER} of {DEDUCE_AFTER} batches")
-    assert "whole groups of one length under 8192 tokens" in first and first.endswith("at most 1.00x")
+    assert "the same batches at either size (the rest of a group of one length under 8192 tokens" in first
+    assert first.endswith("at most 1.00x")
     assert second.startswith("kept 8192 over 4096 without timing them") and "under 4096 tokens" in second
     # Kept for the next run on this machine and tower, which starts decided...
     state = tuner.state()
@@ -162,11 +168,11 @@ def test_sizes_that_would_run_the_same_batches_are_set_aside_without_timings_unt
     # ... until the batches a size set aside would have run differently are a share that could win after all. A
     # 5,000-token group is one batch at 8192 and 16384 but two at 4096: sixteen of them reopen 4096, and 16384
     # stays aside; the first 8192 tokens of a 12,000-token group (one batch at 16384) sixteen times reopen 16384.
-    later.record(8192, 1000, 1.0, whole_group=1000)  # the run's first batch
+    later.record(8192, 1000, 1.0, cut=whole(1000))  # the run's first batch
     for _ in range(DEDUCE_AFTER - 1):
-        later.record(8192, 5000, 1.0, whole_group=5000)
+        later.record(8192, 5000, 1.0, cut=whole(5000))
     assert later.comparison is None and set(later.same) == {16384, 4096}  # too few batches to say
-    later.record(8192, 5000, 1.0, whole_group=5000)
+    later.record(8192, 5000, 1.0, cut=whole(5000))
     assert set(later.same) == {16384} and 4096 not in later.rejected
     later.size(1 << 20)
     assert later.comparison.challenger == 4096 and later.comparison.log_ratios == [0.2]  # on from its pair
@@ -182,6 +188,23 @@ def test_a_size_set_aside_stays_aside_while_the_batches_it_would_change_stay_few
         tuner = BatchTuner(start=CPU_START, unit="tokens")
         mixed_lines(tuner, [1100] * 149 + [9000], seed=seed, count=1500)
         assert 16384 in tuner.same and tuner.aside[16384].batches > 1000, tuner.report()
+
+
+def test_batches_the_memory_plan_cuts_below_both_sizes_are_the_same_at_either():
+    # Groups of 40 units of 512 tokens: the memory plan admits 6 of them a batch (3,072 tokens), under 4096 and
+    # 8192, so every batch is the same at 16384, 8192 and 4096 although no batch holds the rest of its group.
+    tuner = BatchTuner(start=CPU_START, unit="tokens")
+    tuner.size(1 << 20)
+    tuner.record(8192, 3072, 1.0)  # the run's first batch
+    for i in range(2 * DEDUCE_AFTER):
+        size = tuner.size(1 << 20)
+        cut = BatchCut(length=512, memory_rows=6, remaining=40 - 6 * (i % 6))
+        assert cut.rows_at(size) == 6
+        tuner.record(size, 3072, 1.0, full=2 * 3072 >= size, cut=cut)
+    assert set(tuner.same) == {16384, 4096} and tuner.current == 8192, tuner.report()
+    # Where the memory plan admits more than 4096 tokens, 4096 would cut those batches smaller: not the same.
+    cut = BatchCut(length=512, memory_rows=12, remaining=40)
+    assert cut.rows_at(8192) == 12 and cut.rows_at(4096) == 8 and cut.rows_at(16384) == 12
 
 
 def test_a_challenger_that_could_change_a_fifth_of_the_work_is_still_timed():
