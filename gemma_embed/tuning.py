@@ -18,13 +18,14 @@ measured 6,122 / 3,383 / 4,486 rows/s for chunks of 1 / 2 / 4, and settled on 1)
 - every chunk keeps adding to the rates reported (`report()` says what was chosen and why, in numbers a user can
   check).
 A comparison also ends without timings where the challenger cannot change the run: units share a batch only with
-units of their length, so a batch that held its whole group, with the group under both sizes, is the same batch at
-either size. Once `DEDUCE_AFTER` batches of the comparison have run, if the work in batches the challenger could
-change is too small a share for it to win by `GAIN` even at twice the rate (`STEP_GAIN_BOUND`), the size in use is
-kept: 600 mixed lines made 41 of 42 batches whole groups of about 1,100 tokens, and 16384 against 8192 waited for
-pairs that never came. Such a decision is the input's, not the machine's: it is kept across runs like the others,
-and the batches keep being counted against it; once they show the same share could win after all (longer texts,
-say), the comparison is open again. Deducing costs nothing: every batch it counts runs at the size in use.
+units of their length, so a batch that held the rest of its group, with that under both sizes, or one the memory
+plan cut below both, is the same batch at either size (`BatchCut`). Once `DEDUCE_AFTER` batches of the comparison
+have run, if the work in batches the challenger could change is too small a share for it to win by `GAIN` even at
+twice the rate (`STEP_GAIN_BOUND`), the size in use is kept: 600 mixed lines made 41 of 42 batches whole groups of
+about 1,100 tokens, and 16384 against 8192 waited for pairs that never came. Such a decision is the input's, not the
+machine's: it is kept across runs like the others, and the batches keep being counted against it; once they show the
+same share could win after all (longer texts, say), the comparison is open again. Deducing costs nothing: every
+batch it counts runs at the size in use.
 The run's first chunk pays one-off costs (allocator, thread pools, kernels) and is never counted. Pure bookkeeping:
 timings come from the caller.
 """
@@ -102,8 +103,8 @@ class Comparison:
     step: int = 0
     pending: float | None = None  # the first rate of the pair under way
     log_ratios: list[float] = field(default_factory=list)  # log(challenger rate / incumbent rate), per pair
-    # This run's batches while the comparison was under way, and those the same at either size (a whole group under
-    # both), with their work: whether the challenger could change enough of the run to win.
+    # This run's batches while the comparison was under way, and those the same at either size (both would cut them
+    # alike), with their work: whether the challenger could change enough of the run to win.
     batches: int = 0
     work: float = 0.0
     same_batches: int = 0
