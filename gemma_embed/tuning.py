@@ -109,6 +109,7 @@ class Comparison:
     work: float = 0.0
     same_batches: int = 0
     same_work: float = 0.0
+    decision: str = ""  # for a challenger set aside as running the same batches: why (`BatchTuner.same`)
 
     def next_size(self) -> int:
         return self.challenger if ORDER[self.step % len(ORDER)] else self.incumbent
@@ -168,10 +169,9 @@ class BatchTuner:
     current: int | None = None  # the size in use
     comparison: Comparison | None = None
     rejected: set[int] = field(default_factory=set)  # challengers that lost against the size in use
-    # ... of which those set aside because they could not change the batches seen: each with its decision, and the
-    # batches counted against it since (reopened when their share could win after all)
-    same: dict[int, str] = field(default_factory=dict)
-    aside: dict[int, Comparison] = field(default_factory=dict)
+    # ... of which those set aside because they could not change the batches seen: each its comparison, with the
+    # decision and the batches counted against it since (reopened when their share could win after all)
+    same: dict[int, Comparison] = field(default_factory=dict)
     pairs_aside: dict[int, list[float]] = field(default_factory=dict)  # a reopened size's pairs, until compared
     ceiling: int | None = None  # an out-of-memory error: sizes from twice this up are never tried again
     capped: bool = False  # the last batch could not double: the memory plan's size is reached
@@ -209,11 +209,11 @@ class BatchTuner:
         self.batches += 1
         if not full:
             self.unshaped += 1
-        for size_aside, tally in list(self.aside.items()):
+        for size_aside, tally in list(self.same.items()):
             if work > 0:
                 tally.count(work, cut)
             if (gain := tally.best_gain()) is not None and gain >= REOPEN_GAIN:  # it could win after all
-                del self.aside[size_aside], self.same[size_aside]
+                del self.same[size_aside]
                 self.rejected.discard(size_aside)
                 self.pairs_aside[size_aside] = tally.log_ratios  # compared again from the pairs it had
         comparison = self.comparison
@@ -240,7 +240,6 @@ class BatchTuner:
             self.current = comparison.challenger
             self.rejected = {comparison.incumbent}
             self.same.clear()
-            self.aside.clear()
             self.pairs_aside.clear()
         else:
             self.moves.append(
@@ -254,16 +253,14 @@ class BatchTuner:
         the challenger is set aside while the batches it would change stay few (`REOPEN_GAIN`)."""
         c = comparison
         share = c.same_work / c.work
-        self.same[c.challenger] = (
+        c.decision = (
             f"kept {c.incumbent} over {c.challenger} without timing them: {c.same_batches} of {c.batches} batches "
             f"({share:.0%} of the {self.unit}) were the same batches at either size (the rest of a group of one "
             f"length under {min(c.incumbent, c.challenger)} {self.unit}, or what the memory plan admits); the rest "
             f"could gain at most {gain:.2f}x"
         )
         self.rejected.add(c.challenger)
-        self.aside[c.challenger] = Comparison(c.incumbent, c.challenger, log_ratios=list(c.log_ratios),
-                                              batches=c.batches, work=c.work, same_batches=c.same_batches,
-                                              same_work=c.same_work)  # fmt: skip
+        self.same[c.challenger] = c  # counted on from here: the decision's own counts and pairs
         self.comparison = None
 
     def state(self) -> dict:
@@ -279,8 +276,8 @@ class BatchTuner:
             "rejected": sorted(self.rejected - self.same.keys()),
             "comparison": comparison,
             "moves": self.moves[-MOVES_KEPT:],
-            "same": {str(size): why for size, why in self.same.items()},
-            "same_pairs": {str(size): list(tally.log_ratios) for size, tally in self.aside.items() if tally.log_ratios},
+            "same": {str(size): tally.decision for size, tally in self.same.items()},
+            "same_pairs": {str(size): list(tally.log_ratios) for size, tally in self.same.items() if tally.log_ratios},
         }
 
     def progress(self) -> tuple:
@@ -320,12 +317,11 @@ class BatchTuner:
         if comparison is not None and comparison.challenger in same:
             comparison = None
         self.current, self.rejected, self.comparison, self.moves = current, rejected | same.keys(), comparison, moves
-        self.same = same
-        # counted afresh on this run's input, with the pairs they had
-        self.aside = {
-            size: Comparison(current, size, log_ratios=[x for x in same_pairs.get(size, []) if math.isfinite(x)])
-            for size in same
-        }
+        self.same = {  # counted afresh on this run's input, with the pairs they had
+            size: Comparison(current, size, log_ratios=[x for x in same_pairs.get(size, []) if math.isfinite(x)],
+                             decision=why)
+            for size, why in same.items()
+        }  # fmt: skip
         pairs = f", {len(comparison.log_ratios)} pairs of {comparison.challenger} against it" if comparison else ""
         self.stored = f"continued from {current}{pairs}, kept for this machine and tower in {where}"
         return True
@@ -391,5 +387,5 @@ class BatchTuner:
         if self.stored:
             report["stored"] = self.stored
         if self.moves or self.same:
-            report["decided"] = [*self.moves, *self.same.values()]
+            report["decided"] = [*self.moves, *(tally.decision for tally in self.same.values())]
         return report

@@ -187,7 +187,7 @@ def test_a_size_set_aside_stays_aside_while_the_batches_it_would_change_stay_few
     for seed in range(10):
         tuner = BatchTuner(start=CPU_START, unit="tokens")
         mixed_lines(tuner, [1100] * 149 + [9000], seed=seed, count=1500)
-        assert 16384 in tuner.same and tuner.aside[16384].batches > 1000, tuner.report()
+        assert 16384 in tuner.same and tuner.same[16384].batches > 1000, tuner.report()
 
 
 def test_batches_the_memory_plan_cuts_below_both_sizes_are_the_same_at_either():
