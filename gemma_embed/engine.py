@@ -224,12 +224,11 @@ class Engine:
         while position < len(indices):
             self.should_stop()
             head = group.length  # every unit computes at it: equal (exact) or padded to its rung (ragged)
-            memory_rows = rows = self._memory_rows(head, backoff)
-            target = self.tuner.size(rows * max(1, head)) if self.tuner else None
-            if target is not None:
-                rows = min(rows, max(1, target // max(1, head)))
-            cut = BatchCut(length=max(1, head), memory_rows=memory_rows, remaining=len(indices) - position)
-            end = min(len(indices), position + rows)
+            # One cut, which the tuner also reads to tell the sizes that would have cut this batch alike.
+            cut = BatchCut(length=max(1, head), memory_rows=self._memory_rows(head, backoff),
+                           remaining=len(indices) - position)  # fmt: skip
+            target = self.tuner.size(cut.memory_rows * cut.length) if self.tuner else None
+            end = position + (cut.rows_at(target) if target is not None else min(cut.memory_rows, cut.remaining))
             batch_ix = indices[position:end]
             batch = [units[i] for i in batch_ix]
             out_of_memory = isolate = False
