@@ -26,6 +26,7 @@ from gemma_embed import __version__, errors
 from gemma_embed.config import OPTION_TABLES, PANELS, Choice, RunConfig, declared_options, option_of
 from gemma_embed.locations import location
 from gemma_embed.locations.written import output_location
+from gemma_embed.unused_packages import keep_out_unused_packages
 
 
 class _Group(typer.core.TyperGroup):
@@ -566,6 +567,7 @@ def _takes(spec, value: str) -> bool:
 def main() -> None:
     """The console script: a usage error the parser finds is one `error:` line and the map's usage code, like every
     other fault here (`_exits`)."""
+    keep_out_unused_packages()
     try:  # Typer >= 0.24 carries its own copy of click
         from typer._click import exceptions
     except ImportError:

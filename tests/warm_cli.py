@@ -172,7 +172,12 @@ def serve(listening_fd: int) -> None:
 
     listener = socket.socket(fileno=listening_fd)
     # What the runs on the samples import, torch and transformers' modelling first. Nothing here computes with
-    # torch: a child forked after OpenMP's threads have started would wait for threads it does not have.
+    # torch: a child forked after OpenMP's threads have started would wait for threads it does not have. The
+    # packages the console script keeps out of its process stay out of this one too (its `main` does this first,
+    # and finds them imported otherwise), so a forked run holds the modules a real start holds.
+    from gemma_embed.unused_packages import keep_out_unused_packages
+
+    keep_out_unused_packages()
     for name in PRELOADED:
         importlib.import_module(name)
     environment = _import_time_environment(dict(os.environ))
