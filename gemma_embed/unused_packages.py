@@ -4,8 +4,9 @@ costs every start seconds of CPU.
 transformers imports SciPy whenever it is installed (`transformers.modeling_utils` -> `loss.loss_utils` ->
 `loss_for_object_detection` -> `scipy.optimize`), for the Hungarian matching of object-detection losses, which
 no path of this tool reaches (transformers' other uses of SciPy are its speech-recognition pipeline and the
-models' training losses). Measured on this project's 2-core AMD EPYC: 0.5-0.7 s of the 7.1 s of CPU a cold
-`gemma-embed images` on the tiny Gemma 4 sample takes (6.6 -> 6.0 s user CPU, alternated, 3 runs each side).
+models' training losses). Measured on this project's 2-core AMD EPYC with `python -m bench.bench_start`
+(bench/README.md): 0.45-0.8 s less per model run, 7.69 -> 6.93 s of CPU for a cold `gemma-embed images` on the
+tiny Gemma 4 sample.
 
 `sys.modules[name] = None` is Python's documented way to say "not installed" (the import system raises
 ModuleNotFoundError and `importlib.util.find_spec` returns None, which is what transformers' availability checks
@@ -21,11 +22,7 @@ import sys
 UNUSED_PACKAGES = ("scipy",)
 
 
-def keep_out_unused_packages(names: tuple[str, ...] = UNUSED_PACKAGES) -> tuple[str, ...]:
-    """Mark each of `names` the process has not imported yet as not installed; returns the names marked."""
-    marked = []
-    for name in names:
-        if name not in sys.modules:
-            sys.modules[name] = None  # type: ignore[assignment]
-            marked.append(name)
-    return tuple(marked)
+def keep_out_unused_packages() -> None:
+    """Mark each of UNUSED_PACKAGES the process has not imported yet as not installed."""
+    for name in UNUSED_PACKAGES:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
