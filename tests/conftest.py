@@ -23,6 +23,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 from helpers import IMAGE_SIZES, write_image  # noqa: E402
+from suite_order import suite_order  # noqa: E402
 
 # The user's cache folder (XDG_CACHE_HOME) is one of the session's own: the tuner keeps its state there between
 # runs (--tuning-cache auto), and a test must neither read what another session kept nor leave anything behind.
@@ -30,8 +31,15 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="gemma-embed-test-cache-"
 atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
 
 
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: the files in `suite_order`'s order
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` need a CUDA device: skipped without one (bench/gpu_check.sh runs them where there is)."""
+    """Long test files first (`suite_order`). Tests marked `gpu` need a CUDA device: skipped without one
+    (bench/gpu_check.sh runs them where there is)."""
+    items[:] = suite_order(items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
