@@ -2,19 +2,23 @@
 kernels, layout copies, the rest, and the preprocessing beside it.
 
     python -m bench.bench_profile [--dtype bfloat16] [--budget 280] [--images 4] [--checkpoint DIR] [--repeats 3]
+                                  [--tower release|small]
 
-The random release-size Gemma 4 vision tower of bench_release (hidden 768, 16 layers, stored bf16), `--images`
-photos of one size (one resolution bucket). The tool's own path, in this process: `Embedder(ckpt,
+The random release-size Gemma 4 vision tower of bench_release (hidden 768, 16 layers, stored bf16), or with
+`--tower small` bench_images' D=256 tower (4 layers, float32), `--images` photos of one size (one resolution
+bucket). The tool's own path, in this process: `Embedder(ckpt,
 dtype=...).encode(files)` once to warm up (oneDNN primitives, the allocator), then `--repeats` more under
 torch.profiler; each operator's self CPU time is put in a category by its name (`CATEGORIES`), and the shares are
 of the profiled operators' total. Beside it: the batch's wall time per encode, its FLOP/s as a share of this
-process's matmul rate in the same dtype (`bench_release.matmul_rate` at the MLP's shape, measured just before),
+process's matmul rate in the same dtype (`bench_release.matmul_rate` at the MLP's shape, measured just before;
+the FLOPs and that shape from the checkpoint's own vision config),
 and the preprocessing alone (the checkpoint's image processor on the same files, the tool's decode path) per image.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import tempfile
 import time
@@ -45,6 +49,21 @@ def category(name: str) -> str:
     return "other"
 
 
+def attention_rate(dtype, heads: int, n: int, head_dim: int, seconds: float = 1.0) -> float:
+    """FLOP/s (4 n^2 head_dim a head) of torch's fused attention on one image of n patches: the kernel both the
+    tool and the per-item loop run, so the bound on what batching can gain where attention is most of the work."""
+    import torch
+    import torch.nn.functional as F
+
+    q = torch.randn(1, heads, n, head_dim, dtype=dtype)
+    F.scaled_dot_product_attention(q, q, q)
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        F.scaled_dot_product_attention(q, q, q)
+        count += 1
+    return 4 * n * n * head_dim * heads * count / (time.perf_counter() - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -53,15 +72,17 @@ def main() -> None:
     parser.add_argument("--size", default="1024x768")
     parser.add_argument("--repeats", type=int, default=3, help="profiled encodes after the warm-up")
     parser.add_argument("--checkpoint", type=Path, help="a checkpoint bench_release built before")
+    parser.add_argument("--tower", default="release", choices=["release", "small"], help="small: D=256, 4 layers")
     parser.add_argument("--top", type=int, default=12, help="operators listed by self time")
     args = parser.parse_args()
 
     import torch
     from helpers import write_image
+    from make_tiny_checkpoint import build_gemma4
     from PIL import Image
     from transformers import AutoImageProcessor
 
-    from bench.bench_release import build_checkpoint, image_flops, matmul_rate
+    from bench.bench_release import build_checkpoint, flops_per_patch, matmul_rate
     from gemma_embed import Embedder
     from gemma_embed.device import cpu_bf16_units
 
@@ -69,14 +90,22 @@ def main() -> None:
     width, height = (int(x) for x in args.size.split("x"))
     with tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp:
         tmp = Path(tmp)
-        ckpt = args.checkpoint or build_checkpoint(tmp / "ckpt")
+        if args.checkpoint:
+            ckpt = args.checkpoint
+        elif args.tower == "small":  # bench_images' tower, stored float32
+            ckpt = build_gemma4(tmp / "ckpt", seed=0, audio=False, vision_hidden=256, vision_layers=4)
+        else:
+            ckpt = build_checkpoint(tmp / "ckpt")
+        vision = json.loads((Path(ckpt) / "config.json").read_text())["vision_config"]
+        d, inner, layers = vision["hidden_size"], vision["intermediate_size"], vision["num_hidden_layers"]
+        heads = vision["num_attention_heads"]
         files = []
         for i in range(args.images):
             files.append(tmp / f"photo{i}.jpg")
             write_image(files[-1], width, height, seed=i)
         embedder = Embedder(str(ckpt), device="cpu", dtype=args.dtype, max_soft_tokens=args.budget)
         embedder.encode([str(f) for f in files], modality="images")  # warm-up (and the model's load)
-        limit = matmul_rate(dtype)
+        limit = matmul_rate(dtype, k=d, n=inner)
 
         processor = AutoImageProcessor.from_pretrained(str(ckpt))
         patches_per_image = []
@@ -100,20 +129,28 @@ def main() -> None:
         for event in events:
             shares[category(event.key)] += event.self_cpu_time_total
         total = sum(shares.values())
-        flops = image_flops(patches_per_image)
+        flops = sum(n * flops_per_patch(n, d, inner, layers) for n in patches_per_image)
         wall = min(walls)
         print(
             f"# {cpu_name()}, {torch.get_num_threads()} threads, bf16 units {', '.join(cpu_bf16_units()) or 'none'}; "
-            f"torch {torch.__version__}; release-size vision tower in {args.dtype}; {args.images} images of "
-            f"{width}x{height} at {args.budget} soft tokens ({patches // args.images} patches each): one bucket"
+            f"torch {torch.__version__}; vision tower D={d} I={inner} L={layers} in {args.dtype}; "
+            f"{args.images} images of {width}x{height} at {args.budget} soft tokens "
+            f"({patches // args.images} patches each): one bucket"
         )
-        forwards = sum(e.count for e in events if category(e.key) == "attention") // 16 / args.repeats
+        # The fused kernel's calls (its wrapper, aten::scaled_dot_product_attention, is counted apart): one a layer.
+        forwards = max((e.count for e in events if category(e.key) == "attention"), default=0) // layers / args.repeats
         print(
             f"encode {wall:.3f} s for the {args.images} images ({forwards:g} tower forwards each; best of "
             f"{args.repeats}), {flops / wall / 1e9:.0f} GFLOP/s = "
             f"{100 * flops / wall / limit:.0f}% of this process's {args.dtype} matmul rate ({limit / 1e9:.0f} GFLOP/s "
-            f"at 2304x768 @ 768x3072); preprocessing {1000 * preprocessing:.0f} ms an image alone "
+            f"at 2304x{d} @ {d}x{inner}); preprocessing {1000 * preprocessing:.0f} ms an image alone "
             f"({100 * preprocessing * args.images / (preprocessing * args.images + wall):.0f}% of a batch's work)"
+        )
+        n = max(patches_per_image)
+        attention = attention_rate(dtype, heads, n, d // heads)
+        print(
+            f"the attention kernel alone (SDPA, {heads} heads x {n} patches x {d // heads}): "
+            f"{attention / 1e9:.0f} GFLOP/s = {100 * attention / limit:.0f}% of the matmul rate"
         )
         print("share of the profiled operators' self CPU time:")
         for label, value in shares.most_common():
