@@ -13,7 +13,9 @@ kills itself at once. tests/cli/test_warm_cli.py checks each of these against th
 
 What a forked child cannot give is the start of a new process, so those runs are a real `exec` of the installed
 command (the server's log names the reason): an environment that differs in anything read at import time (all
-but `RUNTIME_VARIABLES`), other resource limits or capabilities, or no server. Tests that watch the process
+but `RUNTIME_VARIABLES`), other resource limits, capabilities beyond the server's, or no server. Fewer
+capabilities than the server's (`setpriv --bounding-set=-dac_override` before a run drops root's) are the caller's
+in the forked child: it drops the rest before anything else runs (`_take_capabilities`). Tests that watch the process
 itself (its RSS, its /proc entries, the PID in a lock file, what a SIGKILL leaves) or its imports use `REAL_EXE`,
 `python SLOW_EXE` or `python -c`; tests/cli/test_start_up_imports.py checks the real start. `SLOW_CLI` is the
 same launcher for tests/slow_gemma_embed.py (the CLI slowed or gated at chosen stages), run as `__main__` in the
@@ -65,12 +67,45 @@ def _import_time_environment(env: dict[str, str]) -> dict[str, str]:
 
 def _limits() -> list:
     """What the kernel lets this process do, which a forked child would take from the server instead: resource
-    limits and capabilities (`setpriv --bounding-set=-dac_override` before a run drops root's)."""
+    limits and capabilities ({"CapInh": bits, "CapPrm", "CapEff", "CapBnd", "CapAmb"}, from /proc/self/status)."""
     import resource
 
     with open("/proc/self/status") as status:
-        capabilities = [line.strip() for line in status if line.startswith("Cap")]
+        capabilities = {
+            name: int(value, 16) for name, value in (line.split(":") for line in status if line.startswith("Cap"))
+        }
     return [[list(resource.getrlimit(limit)) for limit in LIMITS], capabilities]
+
+
+def _fewer_capabilities(theirs: dict[str, int], ours: dict[str, int]) -> bool:
+    """Whether a child of ours can hold the caller's capabilities: each of its sets within ours (a process may
+    drop capabilities, never gain them), and the same ambient set."""
+    return theirs["CapAmb"] == ours["CapAmb"] and all(theirs[k] & ~ours[k] == 0 for k in ours if k != "CapAmb")
+
+
+def _take_capabilities(wanted: dict[str, int]) -> None:
+    """In the forked child, while it has one thread (capabilities are each thread's; later threads inherit them):
+    the caller's bounding set (prctl PR_CAPBSET_DROP of each capability it lacks), then its effective, permitted
+    and inheritable sets (capset, version 3: two 32-bit words each). As setpriv's exec of the command left them."""
+    import ctypes
+
+    ours = _limits()[1]
+    if ours == wanted:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_capbset_drop, version_3 = 24, 0x20080522
+    for bit in range(64):
+        if ours["CapBnd"] >> bit & 1 and not wanted["CapBnd"] >> bit & 1 and libc.prctl(pr_capbset_drop, bit, 0, 0, 0):
+            raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {bit})")
+    header = (ctypes.c_uint32 * 2)(version_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    for word in range(2):
+        for place, name in enumerate(("CapEff", "CapPrm", "CapInh")):
+            data[3 * word + place] = wanted[name] >> (32 * word) & 0xFFFFFFFF
+    if libc.capset(header, data):
+        raise OSError(ctypes.get_errno(), "capset")
+    if _limits()[1] != wanted:
+        raise OSError(f"capabilities {_limits()[1]} after capset, not the caller's {wanted}")
 
 
 def _send(conn: socket.socket, message: dict) -> None:
@@ -202,8 +237,10 @@ def serve(listening_fd: int) -> None:
             theirs = _import_time_environment(request["env"])
             names = sorted(k for k in environment.keys() | theirs.keys() if environment.get(k) != theirs.get(k))
             reason = f"environment: {', '.join(names)}"
-        elif request["limits"] != limits:
+        elif request["limits"][0] != limits[0]:
             reason = "resource limits"
+        elif not _fewer_capabilities(request["limits"][1], limits[1]):
+            reason = "capabilities"
         if reason is not None:
             print(f"{request['argv'][:1]}: a real start ({reason})", flush=True)
             _send(conn, {"fallback": reason})
@@ -232,13 +269,15 @@ def _report_exit(pid: int, conn: socket.socket) -> None:
 
 
 def _become_the_command(request: dict, fds: list[int], conn: socket.socket) -> None:
-    """In the forked child: the caller's streams, folder, umask and environment, then the console script."""
+    """In the forked child: the caller's capabilities, streams, folder, umask and environment, then the console
+    script."""
     import atexit
     import tempfile
     import threading
 
     code = 1
     try:
+        _take_capabilities(request["limits"][1])  # first: this is the child's only thread
         for signum in range(1, signal.NSIG):  # as a new interpreter sets them
             try:
                 signal.signal(signum, signal.SIG_DFL)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -148,3 +149,32 @@ def test_a_run_whose_environment_differs_at_import_is_a_real_start(server_log):
     real = subprocess.run([REAL_EXE, "--version"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == real.returncode == 0 and proc.stdout == real.stdout
     assert server_log.read_text()[len(before) :].strip() == "['--version']: a real start (environment: HF_HUB_OFFLINE)"
+
+
+def test_a_run_without_roots_file_access_is_forked_and_refused_the_file_as_a_real_start(tmp_path, server_log):
+    """`setpriv` drops CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH before the command: a forked run holds the caller's
+    capabilities, so a file of mode 000 is as unreadable to it as to the real start (named in the same line)."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("a capability a caller can drop needs root and setpriv (util-linux)")
+    folder = tmp_path / "images"
+    shutil.copytree(SAMPLE_IMAGES, folder)
+    locked = sorted(folder.iterdir())[0]
+    locked.chmod(0)
+    runs = {}
+    for name, exe in (("warm", EXE), ("real", REAL_EXE)):
+        before = _forked(server_log)
+        proc = subprocess.run(
+            ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--", exe, "images", str(folder)]
+            + ["--model", str(SAMPLE_MODEL), "-o", str(tmp_path / f"{name}.safetensors"), "--jsonl"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert _forked(server_log) - before == (1 if exe == EXE else 0), server_log.read_text()[-300:]
+        records = {r["key"]: r for r in map(json.loads, proc.stdout.splitlines()) if "key" in r}
+        runs[name] = (proc.returncode, records, proc.stderr.splitlines()[:-1])  # the last: timing and output
+    assert runs["warm"] == runs["real"]
+    code, records, lines = runs["warm"]
+    assert lines == [f"error: {locked.name}: permission denied: Permission denied"]
+    assert code == 1 and records[locked.name]["error"] == "unreadable", records  # named, and the others embedded
+    assert sorted(r["status"] for r in records.values()) == ["failed"] + ["ok"] * (len(records) - 1)
