@@ -80,7 +80,11 @@ def _limits() -> list:
 def _fewer_capabilities(theirs: dict[str, int], ours: dict[str, int]) -> bool:
     """Whether a child of ours can hold the caller's capabilities: each of its sets within ours (a process may
     drop capabilities, never gain them), and the same ambient set."""
-    return theirs["CapAmb"] == ours["CapAmb"] and all(theirs[k] & ~ours[k] == 0 for k in ours if k != "CapAmb")
+    return (
+        theirs.keys() == ours.keys()
+        and theirs.get("CapAmb") == ours.get("CapAmb")
+        and all(theirs[k] & ~ours[k] == 0 for k in ours if k != "CapAmb")
+    )
 
 
 def _take_capabilities(wanted: dict[str, int]) -> None:
