@@ -87,13 +87,12 @@ def _fewer_capabilities(theirs: dict[str, int], ours: dict[str, int]) -> bool:
     )
 
 
-def _take_capabilities(wanted: dict[str, int]) -> None:
+def _take_capabilities(wanted: dict[str, int], ours: dict[str, int]) -> None:
     """In the forked child, while it has one thread (capabilities are each thread's; later threads inherit them):
     the caller's bounding set (prctl PR_CAPBSET_DROP of each capability it lacks), then its effective, permitted
     and inheritable sets (capset, version 3: two 32-bit words each). As setpriv's exec of the command left them."""
     import ctypes
 
-    ours = _limits()[1]
     if ours == wanted:
         return
     libc = ctypes.CDLL(None, use_errno=True)
@@ -108,8 +107,9 @@ def _take_capabilities(wanted: dict[str, int]) -> None:
             data[3 * word + place] = wanted[name] >> (32 * word) & 0xFFFFFFFF
     if libc.capset(header, data):
         raise OSError(ctypes.get_errno(), "capset")
-    if _limits()[1] != wanted:
-        raise OSError(f"capabilities {_limits()[1]} after capset, not the caller's {wanted}")
+    taken = _limits()[1]
+    if taken != wanted:
+        raise OSError(f"capabilities {taken} after capset, not the caller's {wanted}")
 
 
 def _send(conn: socket.socket, message: dict) -> None:
@@ -255,7 +255,7 @@ def serve(listening_fd: int) -> None:
         pid = os.fork()
         if pid == 0:
             listener.close()
-            _become_the_command(request, fds, conn)
+            _become_the_command(request, fds, conn, limits[1])
         for fd in fds:
             os.close(fd)
         print(f"{request['argv'][:1]}: forked {pid}", flush=True)  # logged before its caller learns of it
@@ -272,16 +272,16 @@ def _report_exit(pid: int, conn: socket.socket) -> None:
     conn.close()
 
 
-def _become_the_command(request: dict, fds: list[int], conn: socket.socket) -> None:
-    """In the forked child: the caller's capabilities, streams, folder, umask and environment, then the console
-    script."""
+def _become_the_command(request: dict, fds: list[int], conn: socket.socket, capabilities: dict[str, int]) -> None:
+    """In the forked child: the caller's capabilities (the server's are `capabilities`), streams, folder, umask and
+    environment, then the console script."""
     import atexit
     import tempfile
     import threading
 
     code = 1
     try:
-        _take_capabilities(request["limits"][1])  # first: this is the child's only thread
+        _take_capabilities(request["limits"][1], capabilities)  # first: this is the child's only thread
         for signum in range(1, signal.NSIG):  # as a new interpreter sets them
             try:
                 signal.signal(signum, signal.SIG_DFL)
