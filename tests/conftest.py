@@ -56,32 +56,17 @@ def warm_cli(request, tmp_path_factory):
     """One server per pytest process that forks the command for the tests' `EXE` (tests/warm_cli.py), started
     when the session runs a test outside tests/unit (the unit subset starts no command). Its socket listens from
     here on: a run while the server still imports waits for it."""
-    import subprocess
-    import sys
+    from warm_cli import NO_SERVER_VARIABLE, SOCKET_VARIABLE, warm_server
 
-    from helpers import ROOT
-    from warm_cli import SOCKET_VARIABLE, listen
-
-    if os.environ.get("GEMMA_EMBED_TEST_NO_WARM_CLI") or all(
+    if os.environ.get(NO_SERVER_VARIABLE) or all(
         Path(str(item.fspath)).parent.name == "unit" for item in request.session.items
     ):
         yield
         return
-    folder = tmp_path_factory.mktemp("warm-cli")
-    socket_path = folder / "socket"
-    with open(folder / "server.log", "wb") as log, listen(socket_path) as listener:
-        server = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "warm_cli.py"), str(listener.fileno())],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            pass_fds=(listener.fileno(),),
-        )
-    os.environ[SOCKET_VARIABLE] = str(socket_path)
-    yield
-    os.environ.pop(SOCKET_VARIABLE, None)
-    server.terminate()
-    server.wait(timeout=60)
+    with warm_server(tmp_path_factory.mktemp("warm-cli")) as socket_path:
+        os.environ[SOCKET_VARIABLE] = str(socket_path)
+        yield
+        os.environ.pop(SOCKET_VARIABLE, None)
 
 
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

@@ -13,7 +13,9 @@ kills itself at once. tests/cli/test_warm_cli.py checks each of these against th
 
 What a forked child cannot give is the start of a new process, so those runs are a real `exec` of the installed
 command (the server's log names the reason): an environment that differs in anything read at import time (all
-but `RUNTIME_VARIABLES`), other resource limits, capabilities beyond the server's, or no server. Fewer
+but `RUNTIME_VARIABLES`), other resource limits, capabilities beyond the server's, or no server. A module whose runs
+all share such an environment (tokens, HOME, HF_ENDPOINT) starts a server of its own in it
+(`environment_with_server`: tests/cli/test_remote_secrets.py, tests/cli/test_hub_inputs.py). Fewer
 capabilities than the server's (`setpriv --bounding-set=-dac_override` before a run drops root's) are the caller's
 in the forked child: it drops the rest before anything else runs (`_take_capabilities`). Tests that watch the process
 itself (its RSS, its /proc entries, the PID in a lock file, what a SIGKILL leaves) or its imports use `REAL_EXE`,
@@ -24,15 +26,18 @@ forked child: the runs a test stops with a signal it passes on (SIGINT, SIGHUP, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 SOCKET_VARIABLE = "GEMMA_EMBED_TEST_CLI_SOCKET"
 REAL_VARIABLE = "GEMMA_EMBED_TEST_REAL_CLI"
+NO_SERVER_VARIABLE = "GEMMA_EMBED_TEST_NO_WARM_CLI"  # set: no server, every run of EXE a real start
 # Read by the command (or the libraries it calls) when it runs, not when it is imported: they may differ between
 # the server's environment and the caller's.
 # (Ray's client sets RAY_* and PYTHONBREAKPOINT in the pytest process once a test starts a cluster; the server
@@ -202,6 +207,45 @@ def listen(path: Path) -> socket.socket:
     listener.bind(str(path))
     listener.listen(64)
     return listener
+
+
+@contextlib.contextmanager
+def warm_server(folder: Path, env: dict[str, str] | None = None) -> Iterator[Path]:
+    """A server (`serve`) in its own process with `env` as its environment (this process's when None), its socket
+    listening at folder/socket before it starts and its log at folder/server.log; yields the socket's path, which
+    callers name in SOCKET_VARIABLE. The session has one (tests/conftest.py); a module whose runs all share an
+    environment the session's server does not have (other tokens, HOME, HF_ENDPOINT: read at import) starts one
+    with that environment, and its runs fork instead of starting anew. Stopped on leaving."""
+    import subprocess
+
+    socket_path = folder / "socket"
+    with open(folder / "server.log", "wb") as log, listen(socket_path) as listener:
+        server = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), str(listener.fileno())],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            pass_fds=(listener.fileno(),),
+            env=env,
+        )
+    try:
+        yield socket_path
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+@contextlib.contextmanager
+def environment_with_server(folder: Path, env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """`env` for the tests' EXE, naming a server of its own started in that environment (`warm_server`, its files
+    in `folder`), so the runs a module makes in it fork; `env` alone where the session runs without servers
+    (GEMMA_EMBED_TEST_NO_WARM_CLI), and the runs start anew."""
+    env = {name: value for name, value in env.items() if name != SOCKET_VARIABLE}
+    if os.environ.get(NO_SERVER_VARIABLE):
+        yield env
+        return
+    with warm_server(folder, env) as socket_path:
+        yield {**env, SOCKET_VARIABLE: str(socket_path)}
 
 
 def serve(listening_fd: int) -> None:

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 from collection_helpers import IMAGES, MODEL, caption, image_files, write_shard
-from helpers import ROOT
+from helpers import EXE, ROOT
 from hub_helpers import COMMIT, FakeHub
 from remote_helpers import files_under
+from warm_cli import environment_with_server
 
 import gemma_embed
 
@@ -29,18 +29,22 @@ HF_TOKEN = "hf_FakeHubT0kenOfTheTest0123456789abcdef"
 OPTIONS = ("--model", str(MODEL), "--max-soft-tokens", "70", "--batch-size", "4", "--cpu-threads", "1")
 
 
-def _command(*args: str, hub: FakeHub, home, token: str | None = HF_TOKEN) -> subprocess.CompletedProcess:
-    """`gemma-embed ARGS` in its own process, reaching the fake hub through HF_ENDPOINT (huggingface_hub reads it at
-    import), with the token in its environment and its home, cache and temporary folders under `home` (grepped
-    with what it writes)."""
+def _environment(hub: FakeHub, home, token: str | None = HF_TOKEN) -> dict[str, str]:
+    """Reaching the fake hub through HF_ENDPOINT (huggingface_hub reads it at import), with the token and the
+    home, cache and temporary folders under `home` (grepped with what the runs write)."""
     (home / "tmp").mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
     env |= {"HF_ENDPOINT": hub.endpoint, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
     env |= {"TMPDIR": str(home / "tmp"), "PYTHONPATH": str(ROOT)}
     if token is not None:
         env["HF_TOKEN"] = token
-    command = [sys.executable, "-m", "gemma_embed.cli", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=home)
+    return env
+
+
+def _command(*args: str, env: dict[str, str], home) -> subprocess.CompletedProcess:
+    """`gemma-embed ARGS` in its own process, in `env` (`_environment`), in `home`. The runs with the token share
+    the module's home and fork from a server started in their environment (`hub`); the others start anew."""
+    return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=300, env=env, cwd=home)
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +65,17 @@ def hub(tmp_path_factory):
     (repo / "tables").mkdir()
     table = pa.table({"id": NAMES, "image": [images[n] for n in NAMES]})
     pq.write_table(table, repo / "tables" / "images.parquet", row_group_size=3)
-    with FakeHub({REPO: repo}, token=HF_TOKEN) as server:
+    home = root / "home"
+    (root / "server").mkdir()
+    with (
+        FakeHub({REPO: repo}, token=HF_TOKEN) as server,
+        environment_with_server(root / "server", _environment(server, home)) as env,
+    ):
         reference = root / "local" / "emb.safetensors"
         reference.parent.mkdir()
-        done = _command("images", str(repo / "images"), *OPTIONS, "-o", str(reference), hub=server, home=root / "home")
+        done = _command("images", str(repo / "images"), *OPTIONS, "-o", str(reference), env=env, home=home)
         assert done.returncode == 0, done.stderr
-        yield {"root": root, "repo": repo, "server": server, "reference": reference}
+        yield {"root": root, "repo": repo, "server": server, "reference": reference, "env": env, "home": home}
 
 
 def _rows(output) -> list[torch.Tensor]:
@@ -96,8 +105,8 @@ def test_the_hub_gives_the_local_folders_rows_bit_for_bit_in_input_order(hub, in
     server.requests.clear()
     out = tmp_path / "out" / "emb.safetensors"
     out.parent.mkdir()
-    home = tmp_path / "home"
-    done = _command("images", *inputs, *OPTIONS, "-o", str(out), "--jsonl", hub=server, home=home)
+    home = hub["home"]
+    done = _command("images", *inputs, *OPTIONS, "-o", str(out), "--jsonl", env=hub["env"], home=home)
     failing = inputs[-1].endswith("bad.jpg")
     assert done.returncode == (1 if failing else 0), done.stderr
     if failing:  # named on stderr and in the errors file, by its hf:// location
@@ -134,8 +143,9 @@ def test_without_the_token_the_private_repository_is_refused_in_one_line(hub, tm
     read)."""
     hub["server"].requests.clear()
     out = tmp_path / "emb.safetensors"
-    done = _command("images", f"hf://datasets/{REPO}/images/", *OPTIONS, "-o", str(out), hub=hub["server"],
-                    home=tmp_path / "home", token=None)  # fmt: skip
+    home = tmp_path / "home"
+    env = _environment(hub["server"], home, token=None)
+    done = _command("images", f"hf://datasets/{REPO}/images/", *OPTIONS, "-o", str(out), env=env, home=home)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: hf://datasets/{REPO}/images: "), done.stderr
@@ -155,7 +165,7 @@ def test_an_output_on_the_hub_is_refused_in_one_line(hub, command, tmp_path):
         args = ("images", f"hf://datasets/{REPO}/images/", *OPTIONS, "-o", target)
     else:
         args = ("export", str(hub["reference"]), "--to", "parquet", "-o", target)
-    done = _command(*args, hub=server, home=tmp_path / "home")
+    done = _command(*args, env=hub["env"], home=hub["home"])
     assert done.returncode == 2, done.stderr
     said = f"error: {target}: hf:// locations are read-only here: write the output elsewhere"
     assert done.stderr.splitlines() == [said]

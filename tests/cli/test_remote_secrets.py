@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from collection_helpers import IMAGES, MODEL, image_files
+from helpers import EXE
 from remote_helpers import SECRET_KEY, SIGNATURE, MediaServer, files_under, s3_server, s3fs_client
+from warm_cli import environment_with_server
 
 import gemma_embed
 
@@ -27,21 +28,24 @@ HF_TOKEN = "hf_T0kenOfTheTestNotARealOne0123456789"
 SECRETS = (SECRET_KEY, SIGNATURE, PASSWORD, SESSION_TOKEN, HF_TOKEN)
 
 
-def _command(*args: str, root) -> subprocess.CompletedProcess:
-    """The tool in its own process, with the tokens in its environment and its home, cache and temporary folders
-    under `root/private-home` (grepped with the rest)."""
+def _environment(root) -> dict[str, str]:
+    """The runs' environment: the tokens, and their home, cache and temporary folders under `root/private-home`
+    (grepped with the rest)."""
     home = root / "private-home"
     (home / "tmp").mkdir(parents=True, exist_ok=True)
     secrets = {"AWS_SESSION_TOKEN": SESSION_TOKEN, "HF_TOKEN": HF_TOKEN}
     folders = {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "TMPDIR": str(home / "tmp")}
-    command = [sys.executable, "-m", "gemma_embed.cli", *args]
-    return subprocess.run(
-        command, capture_output=True, text=True, timeout=300, env={**os.environ, **secrets, **folders}
-    )
+    return {**os.environ, **secrets, **folders}
 
 
-def _run(*args: str, root) -> subprocess.CompletedProcess:
-    return _command(*args, "--model", str(MODEL), "--max-soft-tokens", "70", root=root)
+def _command(*args: str, env) -> subprocess.CompletedProcess:
+    """The command in its own process, forked from the module's server, which was started in `env` (the tokens and
+    folders are read at import: the session's server would start each run anew)."""
+    return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def _run(*args: str, env) -> subprocess.CompletedProcess:
+    return _command(*args, "--model", str(MODEL), "--max-soft-tokens", "70", env=env)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +67,9 @@ def setting(tmp_path_factory):
             f"htp://{host}/{NAMES[0]}?X-Amz-Signature={SIGNATURE}",  # a mistyped scheme: no URL to fetch
         ]
         pq.write_table(pa.table({"url": urls}), root / "signed.parquet")
-        yield {"root": root, "web": web, "fs": fs}
+        (root / "server").mkdir()
+        with environment_with_server(root / "server", _environment(root)) as env:
+            yield {"root": root, "web": web, "fs": fs, "env": env}
 
 
 def _leaks(text: str) -> list[str]:
@@ -71,15 +77,15 @@ def _leaks(text: str) -> list[str]:
 
 
 def test_no_secret_in_any_file_written_or_line_printed(setting):
-    root, fs, web = setting["root"], setting["fs"], setting["web"]
+    root, fs, web, env = setting["root"], setting["fs"], setting["web"], setting["env"]
     local = root / "out" / "emb.safetensors"
     local.parent.mkdir()
     runs = [
         _run("images", "s3://private/photos", str(root / "signed.parquet"), "--url-column", "url", "-o", str(local),
-             "--url-retries", "1", "--debug", "--jsonl", "--flush-every", "1", root=root),
+             "--url-retries", "1", "--debug", "--jsonl", "--flush-every", "1", env=env),
         _run("images", "s3://private/photos", str(root / "signed.parquet"), "--url-column", "url",
              "-o", "s3://private/run/emb.safetensors", "--url-retries", "1", "--debug", "--jsonl", "--shard-size", "3",
-             root=root),
+             env=env),
     ]  # fmt: skip
     for run in runs:
         assert run.returncode == 1, run.stderr  # the failing URLs, named; the rest written
@@ -93,7 +99,7 @@ def test_no_secret_in_any_file_written_or_line_printed(setting):
         ("export", remote, "--to", "parquet", "-o", str(root / "out" / "emb.parquet")),
     ]
     for args in readers:
-        done = _command(*args, root=root)
+        done = _command(*args, env=env)
         assert done.returncode == 0, (args[0], done.stderr)
         assert _leaks(done.stdout + done.stderr) == [], (args[0], done.stderr)
 
