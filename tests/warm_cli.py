@@ -218,6 +218,7 @@ def warm_server(folder: Path, env: dict[str, str] | None = None) -> Iterator[Pat
     with that environment, and its runs fork instead of starting anew. Stopped on leaving."""
     import subprocess
 
+    folder.mkdir(parents=True, exist_ok=True)
     socket_path = folder / "socket"
     with open(folder / "server.log", "wb") as log, listen(socket_path) as listener:
         server = subprocess.Popen(

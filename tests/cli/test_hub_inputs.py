@@ -66,7 +66,6 @@ def hub(tmp_path_factory):
     table = pa.table({"id": NAMES, "image": [images[n] for n in NAMES]})
     pq.write_table(table, repo / "tables" / "images.parquet", row_group_size=3)
     home = root / "home"
-    (root / "server").mkdir()
     with (
         FakeHub({REPO: repo}, token=HF_TOKEN) as server,
         environment_with_server(root / "server", _environment(server, home)) as env,

@@ -67,7 +67,6 @@ def setting(tmp_path_factory):
             f"htp://{host}/{NAMES[0]}?X-Amz-Signature={SIGNATURE}",  # a mistyped scheme: no URL to fetch
         ]
         pq.write_table(pa.table({"url": urls}), root / "signed.parquet")
-        (root / "server").mkdir()
         with environment_with_server(root / "server", _environment(root)) as env:
             yield {"root": root, "web": web, "fs": fs, "env": env}
 
