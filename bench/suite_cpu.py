@@ -68,7 +68,7 @@ def kind(process: Seen, servers: set[int]) -> str:
     return "other processes (python -c helpers, ...)"
 
 
-def test_file(process: Seen) -> str:
+def file_of(process: Seen) -> str:
     """The test file the process was started for ("-" when it started outside a test)."""
     return process.test.split("::")[0] if process.test else "-"
 
@@ -83,7 +83,7 @@ def totals(processes: list[Seen]) -> tuple[Counter, Counter, Counter]:
         name = kind(process, servers)
         by_kind[name] += process.cpu
         count[name] += 1
-        by_file[(test_file(process), name)] += process.cpu
+        by_file[(file_of(process), name)] += process.cpu
     return by_kind, count, by_file
 
 
