@@ -14,14 +14,23 @@ kills itself at once. tests/cli/test_warm_cli.py checks each of these against th
 What a forked child cannot give is the start of a new process, so those runs are a real `exec` of the installed
 command (the server's log names the reason): an environment that differs in anything read at import time (all
 but `RUNTIME_VARIABLES`), other resource limits, capabilities beyond the server's, or no server. A module whose runs
-all share such an environment (tokens, HOME, HF_ENDPOINT) starts a server of its own in it
-(`environment_with_server`: tests/cli/test_remote_secrets.py, tests/cli/test_hub_inputs.py). Fewer
-capabilities than the server's (`setpriv --bounding-set=-dac_override` before a run drops root's) are the caller's
-in the forked child: it drops the rest before anything else runs (`_take_capabilities`). Tests that watch the process
-itself (its RSS, its /proc entries, the PID in a lock file, what a SIGKILL leaves) or its imports use `REAL_EXE`,
-`python SLOW_EXE` or `python -c`; tests/cli/test_start_up_imports.py checks the real start. `SLOW_CLI` is the
-same launcher for tests/slow_gemma_embed.py (the CLI slowed or gated at chosen stages), run as `__main__` in the
-forked child: the runs a test stops with a signal it passes on (SIGINT, SIGHUP, SIGQUIT, SIGTERM) use it.
+all share such an environment (tokens, HOME, HF_ENDPOINT, torchrun's OMP_NUM_THREADS) starts a server of its own in
+it (`environment_with_server`: tests/cli/test_remote_secrets.py, tests/cli/test_hub_inputs.py,
+tests/cli/test_exit_codes.py, tests/cli/test_distributed.py's ranks). Fewer capabilities than the server's
+(`setpriv --bounding-set=-dac_override` before a run drops root's) are the caller's in the forked child: it drops
+the rest before anything else runs (`_take_capabilities`).
+
+A caller that names a file in REPORT_VARIABLE learns the command's PID (its /proc entry) and, from a forked
+command, its own peak RSS as it ends: tests that compare a command's peak RSS with itself or another forked run
+(flat in the input's size, growth above the loaded process) and the server tests (their RSS, their sockets) read
+it. A fork holds fewer of the libraries' pages than a real start (556 against 875 MiB at the peak of a run on the
+sample images), so a peak held against a fixed bound, the PID in a lock file, what a SIGKILL leaves and the
+imports are a real start's (`REAL_EXE`, `python SLOW_EXE`, `python -c`); tests/cli/test_start_up_imports.py checks
+the real start. `SLOW_CLI` is the same launcher for tests/slow_gemma_embed.py (the CLI slowed or gated at chosen
+stages), run as `__main__` in the forked child: the runs a test stops with a signal it passes on (SIGINT, SIGHUP,
+SIGQUIT, SIGTERM) and torchrun's ranks use it. `python_launcher` is `python SCRIPT ...` forked, Ray's
+`py_executable` for the tests' clusters (helpers.start_ray): their workers start with torch and transformers
+imported.
 """
 
 from __future__ import annotations
@@ -38,15 +47,33 @@ from pathlib import Path
 SOCKET_VARIABLE = "GEMMA_EMBED_TEST_CLI_SOCKET"
 REAL_VARIABLE = "GEMMA_EMBED_TEST_REAL_CLI"
 NO_SERVER_VARIABLE = "GEMMA_EMBED_TEST_NO_WARM_CLI"  # set: no server, every run of EXE a real start
+# A file the command's process reports itself in, for tests that watch that process (its /proc entry, its peak
+# RSS) whether it was forked or started anew: {"pid"} once it exists, {"pid", "peak"} (its VmHWM, bytes) when a
+# forked command ends. A real start reports only its PID (the launcher's, which exec keeps); its peak is what
+# the kernel gives its parent (RUSAGE_CHILDREN), where a forked command's would start from the server's.
+REPORT_VARIABLE = "GEMMA_EMBED_TEST_CHILD_REPORT"
 # Read by the command (or the libraries it calls) when it runs, not when it is imported: they may differ between
 # the server's environment and the caller's.
 # (Ray's client sets RAY_* and PYTHONBREAKPOINT in the pytest process once a test starts a cluster; the server
 # imports no Ray, and the command reads them when it starts one.)
+# (SPT_NOENV is setproctitle's, which Ray's worker imports and reads it with, after the fork. What torchrun gives
+# each rank is read when a process group or the slice is made: by torch.distributed, transformers' distributed
+# helpers and gemma_embed.distributed, in functions; SLOW_RANK and SHORT_PG_TIMEOUT_S by tests/slow_gemma_embed.py
+# when it runs.)
 RUNTIME_VARIABLES = (
     "COLUMNS", "LINES", "TERM", "NO_COLOR", "FORCE_COLOR", "PWD", "OLDPWD", "_", "PYTHONUNBUFFERED",
-    "PYTHONBREAKPOINT", SOCKET_VARIABLE,
+    "PYTHONBREAKPOINT", "SPT_NOENV", SOCKET_VARIABLE,
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+    "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "SLOW_RANK", "SHORT_PG_TIMEOUT_S",
 )  # fmt: skip
-RUNTIME_PREFIXES = ("PYTEST_", "GEMMA_EMBED_", "AWS_", "TORCHINDUCTOR_", "RAY_")
+RUNTIME_PREFIXES = ("PYTEST_", "GEMMA_EMBED_", "AWS_", "TORCHINDUCTOR_", "RAY_", "TORCHELASTIC_")
+# Lists of folders searched in order, where a folder named again is never searched again: compared as the folders
+# they name, each once. Each process that starts through pyenv's shim puts its folders in front again, so Ray's
+# workers (started by daemons that started through it) have PATH and PYENV_HOOK_PATH longer than the server's,
+# naming the same folders in the same order; an xdist worker inherits the PYTHONPATH tests/helpers.py set in the
+# controller and sets it again.
+SEARCH_PATHS = ("PATH", "PYENV_HOOK_PATH", "PYTHONPATH")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 PRELOADED = (
     "torch",
@@ -67,7 +94,11 @@ LIMITS = tuple(getattr(__import__("resource"), name) for name in ("RLIMIT_AS", "
 
 
 def _import_time_environment(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k not in RUNTIME_VARIABLES and not k.startswith(RUNTIME_PREFIXES)}
+    kept = {k: v for k, v in env.items() if k not in RUNTIME_VARIABLES and not k.startswith(RUNTIME_PREFIXES)}
+    for name in SEARCH_PATHS:
+        if name in kept:
+            kept[name] = os.pathsep.join(dict.fromkeys(kept[name].split(os.pathsep)))
+    return kept
 
 
 def _limits() -> list:
@@ -134,19 +165,36 @@ def launcher(tests: Path, script: Path | None = None) -> str:
     such as pyenv's would change the environment on the way). Written once under the temporary folder. With
     `script` (tests/slow_gemma_embed.py), the forked child runs that script as `__main__` instead of the console
     script, and without the server it is `python script`."""
+    body = f"client(sys.argv[1:], {str(script) if script else None!r})\n"
+    return _executable(tests, Path(script).stem if script else "gemma-embed", body)
+
+
+def python_launcher(tests: Path) -> str:
+    """An executable that does what `python SCRIPT ARGS...` does, SCRIPT forked from the server as `__main__`
+    (a real `python` for anything else, such as options before the script): Ray's `py_executable`, so the
+    cluster's workers (`python .../default_worker.py ...`) start with torch and transformers imported."""
+    body = (
+        "if len(sys.argv) > 1 and not sys.argv[1].startswith('-'):\n"
+        "    client(sys.argv[2:], sys.argv[1])\n"
+        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n"
+    )
+    return _executable(tests, "python", body)
+
+
+def _executable(tests: Path, name: str, body: str) -> str:
+    """`body` after `client`'s import, as an executable script named `name`, written once under the temporary
+    folder (in a folder named by the script's hash)."""
     import hashlib
     import tempfile
 
     text = (
-        f"#!{sys.executable}\n"
-        f"import sys\nsys.path.insert(0, {str(tests)!r})\n"
-        f"from warm_cli import client\nclient(sys.argv[1:], {str(script) if script else None!r})\n"
+        f"#!{sys.executable}\nimport os, sys\nsys.path.insert(0, {str(tests)!r})\nfrom warm_cli import client\n{body}"
     )
     folder = Path(tempfile.gettempdir()) / f"gemma-embed-tests-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
-    path = folder / (Path(script).stem if script else "gemma-embed")
+    path = folder / name
     if not path.exists():
         folder.mkdir(exist_ok=True)
-        temporary = folder / f".gemma-embed.{os.getpid()}"
+        temporary = folder / f".{name}.{os.getpid()}"
         temporary.write_text(text)
         temporary.chmod(0o755)
         os.replace(temporary, path)
@@ -167,7 +215,7 @@ def client(argv: list[str], script: str | None = None) -> None:
         except OSError:
             conn = None
     if conn is None:
-        os.execvp(start[0], [*start, *argv])
+        _real_start(start, argv)
     request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "umask": os.umask(0o22), "limits": _limits()}
     request["script"] = script
     os.umask(request["umask"])
@@ -176,7 +224,7 @@ def client(argv: list[str], script: str | None = None) -> None:
     answer = _receive(reader)
     if answer is None or "pid" not in answer:
         conn.close()
-        os.execvp(start[0], [*start, *argv])
+        _real_start(start, argv)
     pid = answer["pid"]
 
     def forward(signum, frame):
@@ -191,9 +239,32 @@ def client(argv: list[str], script: str | None = None) -> None:
     status = done["status"] if done is not None else 9  # the server went away: as if killed
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
-        signal.signal(signum, signal.SIG_DFL)
+        if signum != signal.SIGKILL:  # whose action is the default's already, and may not be set
+            signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
     os._exit(os.waitstatus_to_exitcode(status))
+
+
+def _real_start(start: list[str], argv: list[str]) -> None:
+    report(os.getpid())  # exec keeps the PID: the command's own
+    os.execvp(start[0], [*start, *argv])
+
+
+def report(pid: int, peak: int | None = None) -> None:
+    """Write the process's report (REPORT_VARIABLE) when the caller asked for one: whole or not at all."""
+    path = os.environ.get(REPORT_VARIABLE)
+    if not path:
+        return
+    temporary = f"{path}.{os.getpid()}"
+    with open(temporary, "w") as out:
+        json.dump({"pid": pid} if peak is None else {"pid": pid, "peak": peak}, out)
+    os.replace(temporary, path)
+
+
+def peak_rss() -> int:
+    """This process's peak RSS (VmHWM), bytes."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
 
 
 # ---------------------------------------------------------------------------------------------- the server
@@ -346,6 +417,7 @@ def _become_the_command(request: dict, fds: list[int], conn: socket.socket, capa
         os.environ.pop(SOCKET_VARIABLE, None)
         tempfile.tempdir = None  # computed again from this environment's TMPDIR
         _standard_streams()
+        report(os.getpid())
 
         def caller_gone():  # the caller died (a SIGKILL a test sent it); so does the command
             try:
@@ -386,6 +458,10 @@ def _become_the_command(request: dict, fds: list[int], conn: socket.socket, capa
 
         traceback.print_exc()
     code = _flush(code)
+    try:
+        report(os.getpid(), peak_rss())
+    except OSError:
+        pass
     os._exit(code)
 
 

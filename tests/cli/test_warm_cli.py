@@ -19,8 +19,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from helpers import EXE, REAL_EXE, ROOT, SAMPLE_MODEL, SLOW_CLI, SLOW_EXE
-from warm_cli import SOCKET_VARIABLE
+from helpers import EXE, PYTHON_CLI, REAL_EXE, ROOT, SAMPLE_MODEL, SLOW_CLI, SLOW_EXE
+from warm_cli import REPORT_VARIABLE, SOCKET_VARIABLE
 
 SAMPLE_IMAGES = ROOT / "samples" / "media" / "images"
 TEXT_MODEL = ROOT / "samples" / "tiny-embeddinggemma"
@@ -178,3 +178,61 @@ def test_a_run_without_roots_file_access_is_forked_and_refused_the_file_as_a_rea
     assert lines == [f"error: {locked.name}: permission denied: Permission denied"]
     assert code == 1 and records[locked.name]["error"] == "unreadable", records  # named, and the others embedded
     assert sorted(r["status"] for r in records.values()) == ["failed"] + ["ok"] * (len(records) - 1)
+
+
+HOLDING = """
+import json, os, sys
+held = bytearray(int(sys.argv[1]) << 20)
+held[::4096] = b"x" * len(held[::4096])  # every page touched: resident
+print(json.dumps({"pid": os.getpid(), "argv": sys.argv[1:], "main": __name__}))
+"""
+
+
+def test_the_python_launcher_runs_a_script_as_python_does_and_its_report_holds_its_pid_and_peak(tmp_path, server_log):
+    """PYTHON_CLI (Ray's `py_executable` in the tests) is `python SCRIPT ARGS` forked: the script runs as
+    `__main__` with its arguments, in a process that reports its PID and, as it ends, its own peak RSS, which grows
+    by what the script holds (what the peak-RSS tests read of a forked command)."""
+    script = tmp_path / "hold.py"
+    script.write_text(HOLDING)
+    reports = {}
+    for megabytes in (0, 256):
+        report = tmp_path / f"report-{megabytes}.json"
+        before = _forked(server_log)
+        env = {**os.environ, REPORT_VARIABLE: str(report)}
+        args = [str(script), str(megabytes), "x y"]
+        warm = subprocess.run([PYTHON_CLI, *args], capture_output=True, text=True, env=env, timeout=120)
+        real = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120)
+        assert warm.returncode == real.returncode == 0, warm.stderr
+        assert _forked(server_log) == before + 1
+        said, said_real = json.loads(warm.stdout), json.loads(real.stdout)
+        assert said["argv"] == said_real["argv"] == [str(megabytes), "x y"] and said["main"] == "__main__"
+        reports[megabytes] = json.loads(report.read_text())
+        assert reports[megabytes]["pid"] == said["pid"]
+    grew = reports[256]["peak"] - reports[0]["peak"]
+    assert 240 << 20 < grew < 300 << 20, reports  # 256 MiB, give or take what else differs between the runs
+
+
+def test_a_path_naming_the_same_folders_again_is_the_same_environment(server_log):
+    """PATH compared as the folders it names, each once (as it is searched): named again, as pyenv's shim does for
+    each process it starts (Ray's workers have it so), the run forks; a folder more is a real start."""
+    path = os.environ["PATH"]
+    before = _forked(server_log)
+    again = subprocess.run([EXE, "--version"], capture_output=True, env={**os.environ, "PATH": f"{path}:{path}"})
+    assert again.returncode == 0 and _forked(server_log) == before + 1
+    log = server_log.read_text()
+    more = subprocess.run([EXE, "--version"], capture_output=True, env={**os.environ, "PATH": f"/nonexistent:{path}"})
+    assert more.returncode == 0
+    assert server_log.read_text()[len(log) :].strip() == "['--version']: a real start (environment: PATH)"
+
+
+def test_a_command_ended_by_a_signal_ends_its_caller_by_the_same_signal(tmp_path, server_log):
+    """The caller's status is the command's: ended by SIGKILL (which no process may catch or reset) or SIGTERM, as
+    `python SCRIPT` ends."""
+    script = tmp_path / "ends.py"
+    script.write_text("import os, signal, sys\nos.kill(os.getpid(), getattr(signal, sys.argv[1]))\n")
+    for name in ("SIGKILL", "SIGTERM"):
+        before = _forked(server_log)
+        warm = subprocess.run([PYTHON_CLI, str(script), name], capture_output=True, timeout=120)
+        real = subprocess.run([sys.executable, str(script), name], capture_output=True, timeout=120)
+        assert warm.returncode == real.returncode == -getattr(signal, name), warm.stderr
+        assert _forked(server_log) == before + 1

@@ -9,7 +9,6 @@ it, retries the batch, and the output holds every item once.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from helpers import ROOT, invoke, summary
+from helpers import ROOT, invoke, start_ray, summary
 
 import gemma_embed
 from gemma_embed import RunConfig, load
@@ -37,10 +36,7 @@ MARKER = "portrait.png"  # the item whose batch kills the encode actor (once)
 @pytest.fixture(scope="module")
 def cluster() -> str:
     """A local Ray cluster for this module's runs; its GCS address is what `--ray ADDRESS` takes."""
-    from gemma_embed.ray_data import _signal_handlers_kept
-
-    with _signal_handlers_kept():  # ray.init sets SIGTERM's: later tests (and this process) keep their own
-        context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    context = start_ray()
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # DyingEmbed travels to the actors
     try:
         yield context.address_info["gcs_address"]

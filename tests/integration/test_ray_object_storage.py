@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import shutil
 
 import pyarrow as pa
@@ -21,7 +20,7 @@ import pytest
 import ray
 import torch
 from collection_helpers import IMAGES, MODEL, caption, image_files, write_shard
-from helpers import ROOT
+from helpers import ROOT, start_ray
 from remote_helpers import CountingProxy, s3_server, s3fs_client
 
 import gemma_embed
@@ -59,8 +58,6 @@ def _jsonl(records: list) -> bytes:
 def setting(tmp_path_factory):
     """The bucket (and the same files on disk), the cluster reaching the server through one proxy, this process
     through the other."""
-    from gemma_embed.ray_data import _signal_handlers_kept
-
     root = tmp_path_factory.mktemp("ray-s3")
     local = root / "local"
     images = image_files(root / "images")
@@ -82,10 +79,7 @@ def setting(tmp_path_factory):
             (local / name).write_bytes(data)
         with CountingProxy(endpoint) as cluster_side, CountingProxy(endpoint) as driver_side:
             patch.setenv("AWS_ENDPOINT_URL", cluster_side.endpoint)  # what the cluster's processes start with
-            with _signal_handlers_kept():
-                context = ray.init(
-                    num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING
-                )
+            context = start_ray()
             patch.setenv("AWS_ENDPOINT_URL", driver_side.endpoint)  # this process: the driver (and the references)
             try:
                 yield {
