@@ -8,14 +8,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
-from helpers import ROOT, SLOW_EXE, run_images, write_image
+from helpers import EXE, ROOT, SLOW_CLI, run_images, write_image
+from warm_cli import environment_with_server
 
 import gemma_embed
 from gemma_embed import store
 
 MODEL = ROOT / "samples" / "tiny-gemma4"
-EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
+TORCHRUN = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """The environment torchrun starts with, one thread per rank as torchrun's own default for several ranks on a
+    node (OMP_NUM_THREADS, read at import): the ranks (EXE, SLOW_CLI) fork from a server started in it
+    (tests/warm_cli.py), which takes what torchrun gives each rank as read when the rank runs."""
+    with environment_with_server(tmp_path_factory.mktemp("ranks"), {**os.environ, "OMP_NUM_THREADS": "1"}) as env:
+        yield env
 
 
 def _folder(tmp_path: Path, count: int = 9) -> Path:
@@ -36,15 +47,14 @@ def _assert_same(merged: Path, single: Path) -> None:
     assert gemma_embed.read_metadata(merged)["items"] == gemma_embed.read_metadata(single)["items"]
 
 
-def test_torchrun_two_ranks_equals_single_process(tmp_path):
+def test_torchrun_two_ranks_equals_single_process(tmp_path, ranks):
     folder = _folder(tmp_path)
     single = tmp_path / "single.safetensors"
     assert run_images([folder], MODEL, single, max_soft_tokens=70)[0] == 1  # the broken file
     out = tmp_path / "ranks.safetensors"
-    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     proc = subprocess.run(
         [
-            torchrun,
+            TORCHRUN,
             "--standalone",  # a free port: other test runs on this machine may hold a fixed one
             "--nproc-per-node",
             "2",
@@ -65,7 +75,7 @@ def test_torchrun_two_ranks_equals_single_process(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=ranks,
     )
     assert proc.returncode != 0  # one rank saw the broken file: exit 1 there
     assert "broken.png" in proc.stderr or "broken.png" in proc.stdout
@@ -77,7 +87,7 @@ def test_torchrun_two_ranks_equals_single_process(tmp_path):
     _assert_same(out, single)
 
 
-def test_torchrun_ranks_never_time_out_on_uneven_work(tmp_path):
+def test_torchrun_ranks_never_time_out_on_uneven_work(tmp_path, ranks):
     """One image, two ranks: rank 1 has no work at all and finishes at once; rank 0 is slowed (the real CLI whose
     encode waits until rank 1 has written its manifest, then sleeps twice a 2-second process-group timeout
     configured in both processes). A rank that waited on a torch.distributed group (the old gloo barrier) would time
@@ -88,15 +98,14 @@ def test_torchrun_ranks_never_time_out_on_uneven_work(tmp_path):
     single = tmp_path / "single.safetensors"
     assert run_images([folder], MODEL, single, max_soft_tokens=70)[0] == 0
     out = tmp_path / "uneven.safetensors"
-    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     # fmt: off
     command = [
-        torchrun, "--standalone", "--nproc-per-node", "2", str(SLOW_EXE),
+        TORCHRUN, "--standalone", "--nproc-per-node", "2", "--no-python", SLOW_CLI,
         "--encode", "4", "--encode-after", str(store.manifest_path(store.slice_path(out, 1, 2))),
         "images", str(folder), "--model", str(MODEL), "-o", str(out), "--max-soft-tokens", "70", "--device", "cpu",
     ]
     # fmt: on
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLOW_RANK": "0", "SHORT_PG_TIMEOUT_S": "2"}
+    env = {**ranks, "SLOW_RANK": "0", "SHORT_PG_TIMEOUT_S": "2"}
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 1 of 2 done; waiting for the other ranks" in proc.stderr
