@@ -1,5 +1,7 @@
-"""Host-memory measurements the tests and bench/bench_memory.py share: peak RSS (the kernel's VmHWM) of a fresh
-process, for a gemma-embed command and for one file through a decoder and its preparer.
+"""Host-memory measurements the tests and bench/bench_memory.py share: peak RSS (the kernel's VmHWM) of a process of
+its own, for a gemma-embed command (above the loaded process: forked from the tests' warm server or started anew, the
+same growth, 22 against 18 MiB and 228 against 225 MiB in tests/cli/test_text_limits.py and
+test_decode_waits_for_room.py) and for one file through a decoder and its preparer.
 
 VmHWM, not ru_maxrss: a child's ru_maxrss starts from its parent's peak across fork (the test runner's), VmHWM is
 the peak of the process's own memory.
@@ -17,7 +19,11 @@ import textwrap
 import time
 from pathlib import Path
 
+from warm_cli import REPORT_VARIABLE, python_launcher
+
 ROOT = Path(__file__).resolve().parents[1]
+# `python SCRIPT ...`, forked from the warm server where a pytest session has one (tests/warm_cli.py), else anew.
+PYTHON_CLI = python_launcher(ROOT / "tests")
 
 # gemma-embed's console script, run in this process, that writes {"peak": VmHWM, "loaded": VmRSS when the decode
 # stream starts} (bytes) to the file named by $GEMMA_EMBED_PEAK_FILE when it exits. The stream starts once the
@@ -49,15 +55,17 @@ _CLI = textwrap.dedent("""
 
 
 def cli_peak(args: list[str], root: Path = ROOT, timeout: float = 900, cap: int | None = None) -> dict:
-    """Run `gemma-embed ARGS` with the package of `root` in a fresh process: {"code", "stderr", "peak", "loaded"}
+    """Run `gemma-embed ARGS` with the package of `root` in a process of its own (forked from the warm server
+    when a test session has one and `root` is its package; anew otherwise): {"code", "stderr", "peak", "loaded"}
     (bytes; "loaded" is missing when the run never started decoding). With `cap` (bytes) the process is killed
     once its RSS passes it (sampled every 50 ms): then {"killed": True, "peak": at least cap}."""
     with tempfile.TemporaryDirectory() as tmp:
-        marks, errors = Path(tmp) / "peak.json", Path(tmp) / "stderr"
-        env = {**os.environ, "PYTHONPATH": str(root), "GEMMA_EMBED_PEAK_FILE": str(marks)}
+        marks, errors, script, report = (Path(tmp) / name for name in ("peak.json", "stderr", "cli.py", "report"))
+        script.write_text(_CLI)
+        env = {**os.environ, "PYTHONPATH": str(root), "GEMMA_EMBED_PEAK_FILE": str(marks), REPORT_VARIABLE: str(report)}
         with open(errors, "w") as stderr:
             proc = subprocess.Popen(
-                [sys.executable, "-c", _CLI, *map(str, args)],
+                [PYTHON_CLI, script, *map(str, args)],
                 env=env,
                 cwd=root,
                 stdout=subprocess.DEVNULL,
@@ -65,7 +73,8 @@ def cli_peak(args: list[str], root: Path = ROOT, timeout: float = 900, cap: int 
             )
             killed, started = False, time.monotonic()
             while proc.poll() is None:
-                if cap is not None and _rss(proc.pid) > cap or time.monotonic() - started > timeout:
+                pid = json.loads(report.read_text())["pid"] if report.exists() else proc.pid
+                if cap is not None and _rss(pid) > cap or time.monotonic() - started > timeout:
                     proc.kill()
                     killed = True
                 time.sleep(0.05)

@@ -1,6 +1,7 @@
-"""What the server tests share: a `gemma-embed serve` process started as a user starts it (port 0 on 127.0.0.1, its
-announced URL read from stdout), waited on by its events, stopped by a signal; plain HTTP calls to it; the sample
-checkpoints and a captioned image collection made by the real command line."""
+"""What the server tests share: a `gemma-embed serve` process started as a user starts it (the tests' EXE, forked
+from the warm server: tests/warm_cli.py; port 0 on 127.0.0.1, its announced URL read from stdout), waited on by its
+events, stopped by a signal; plain HTTP calls to it; the sample checkpoints and a captioned image collection made by
+the real command line."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ import http.client
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from helpers import EXE, REAL_EXE, ROOT
+from helpers import EXE, ROOT
+from warm_cli import REPORT_VARIABLE
 
 TINY_EG2 = ROOT / "samples" / "tiny-embeddinggemma2"
 SAMPLE_IMAGES = ROOT / "samples" / "media" / "images"
@@ -38,13 +42,14 @@ class ServerProcess:
     """A running `gemma-embed serve`: its URL, its stdout events, its stderr lines, its RSS; stopped by a signal."""
 
     def __init__(self, *args: str, env: dict | None = None):
-        command = [REAL_EXE, "serve", "--port", "0", *args]  # its RSS is read from /proc
+        # Its RSS is read from /proc: of the process its report names (tests/warm_cli.py), forked or started anew.
+        self._report = Path(tempfile.mkdtemp(prefix="gemma-embed-serve-")) / "report.json"
         self.proc = subprocess.Popen(
-            command,
+            [EXE, "serve", "--port", "0", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **(env or {}), REPORT_VARIABLE: str(self._report)},
             cwd=ROOT,
         )
         self.events: queue.Queue = queue.Queue()
@@ -88,9 +93,14 @@ class ServerProcess:
         parts = urlsplit(self.url)
         return parts.hostname, parts.port
 
+    @property
+    def pid(self) -> int:
+        """The command's process (not the launcher's, when forked): its report is written before it runs."""
+        return json.loads(self._report.read_text())["pid"]
+
     def rss(self) -> int:
         """The process's resident set (bytes), from /proc."""
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
         raise AssertionError("no VmRSS")
@@ -101,12 +111,14 @@ class ServerProcess:
         code = self.proc.wait(timeout)
         for reader in self._readers:
             reader.join(timeout)
+        shutil.rmtree(self._report.parent, ignore_errors=True)
         return code
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        shutil.rmtree(self._report.parent, ignore_errors=True)
 
 
 def call(

@@ -3,22 +3,22 @@ output is a single run's; a holder killed with SIGKILL leaves a lock file the ne
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import EXE, SAMPLE_MODEL, reporting_cli, run_images, write_image
+from helpers import EXE, SAMPLE_MODEL, SLOW_CLI, reporting_cli, run_images, write_image
+from warm_cli import REPORT_VARIABLE
 
 import gemma_embed
 
 pytestmark = pytest.mark.slow  # real processes, two at a time
 
-SLOW_EXE = Path(__file__).parents[1] / "slow_gemma_embed.py"
 OPTIONS = ["--model", str(SAMPLE_MODEL), "--max-soft-tokens", "70", "--device", "cpu"]
 
 
@@ -39,22 +39,24 @@ def reference(images, tmp_path_factory) -> Path:
 
 
 def _start_holder(tmp_path: Path, images: Path, out: Path, *flags: str, release: Path | None = None):
-    """A real run that holds the output's lock and waits while "loading the model" (until `release` appears)."""
-    marker = tmp_path / "loading"
-    args = [sys.executable, str(SLOW_EXE), "--load", "120", "--loading-marker", str(marker)]
+    """A run that holds the output's lock and waits while "loading the model" (until `release` appears), and the
+    PID of its command's process (forked from the warm server, or started anew: its report, tests/warm_cli.py)."""
+    marker, report = tmp_path / "loading", tmp_path / "holder.json"
+    args = [SLOW_CLI, "--load", "120", "--loading-marker", str(marker)]
     if release is not None:
         args += ["--release", str(release)]
     holder = subprocess.Popen(
         [*args, "images", str(images), "-o", str(out), *OPTIONS, *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        env={**os.environ, REPORT_VARIABLE: str(report)},
     )
     deadline = time.monotonic() + 120  # only against a hang
     while not marker.exists():  # the lock is taken before loading starts
         assert holder.poll() is None, holder.stderr.read().decode()
         assert time.monotonic() < deadline, "the first run never started loading"
         time.sleep(0.02)
-    return holder
+    return holder, json.loads(report.read_text())["pid"]  # reported before the command ran
 
 
 def _same_rows(out: Path, reference: Path) -> None:
@@ -69,15 +71,15 @@ def _same_rows(out: Path, reference: Path) -> None:
 def test_a_second_run_into_a_busy_output_fails_at_once_naming_the_holder(tmp_path, images, reference, flag):
     out = tmp_path / "out.safetensors"
     release = tmp_path / "release"
-    holder = _start_holder(tmp_path, images, out, flag, release=release)
+    holder, pid = _start_holder(tmp_path, images, out, flag, release=release)
     try:
-        assert (tmp_path / "out.lock").read_text() == f"{holder.pid} run\n"
+        assert (tmp_path / "out.lock").read_text() == f"{pid} run\n"
         started = time.monotonic()
         second, report = reporting_cli("images", images, "-o", out, *OPTIONS, flag, timeout=60)
         elapsed = time.monotonic() - started
         assert second.returncode == 2, second.stderr
         assert second.stderr.splitlines() == [
-            f"error: {out}: another gemma-embed run (PID {holder.pid}) is writing this output; "
+            f"error: {out}: another gemma-embed run (PID {pid}) is writing this output; "
             f"wait for it to finish or choose another --output"
         ]
         # At once, as docs/reliability.md promises: refused before torch is imported (the event that
@@ -97,14 +99,14 @@ def test_a_second_run_into_a_busy_output_fails_at_once_naming_the_holder(tmp_pat
 
 def test_a_holder_killed_with_sigkill_leaves_a_lock_the_next_run_takes(tmp_path, images, reference):
     out = tmp_path / "out.safetensors"
-    holder = _start_holder(tmp_path, images, out, "--overwrite")
-    holder.send_signal(signal.SIGKILL)
+    holder, pid = _start_holder(tmp_path, images, out, "--overwrite")
+    os.kill(pid, signal.SIGKILL)  # the command's own process
     holder.communicate(timeout=60)
     assert holder.returncode == -signal.SIGKILL
     lock = tmp_path / "out.lock"
-    assert lock.read_text() == f"{holder.pid} run\n"  # the file stays; the kernel released the flock
+    assert lock.read_text() == f"{pid} run\n"  # the file stays; the kernel released the flock
     with pytest.raises(ProcessLookupError):
-        os.kill(holder.pid, 0)
+        os.kill(pid, 0)
 
     resumed = subprocess.run(
         [EXE, "images", str(images), "-o", str(out), *OPTIONS, "--resume"], capture_output=True, text=True, timeout=180

@@ -20,6 +20,7 @@ import pytest
 import torch
 from helpers import EXE, PEAK_RSS_WRAPPER, REAL_EXE, SAMPLE_MODEL, run_images, write_image
 from tar_helpers import gnu_sparse_member, gnu_tar, regular, sparse_file, write_tar
+from warm_cli import REPORT_VARIABLE
 
 import gemma_embed
 
@@ -140,11 +141,13 @@ def test_sigterm_while_the_path_list_on_stdin_waits_saves_what_is_done(tmp_path)
     out = tmp_path / "out.safetensors"
     parts = out.with_name(out.name + ".parts")
     options = ["--model", str(MODEL), "-o", str(out), "--max-soft-tokens", "70", "--device", "cpu"]
+    report = tmp_path / "report.json"  # the command's PID, forked or not (tests/warm_cli.py): its /proc is read
     proc = subprocess.Popen(
-        [REAL_EXE, "images", "-", *options, "--flush-every", "1", "--workers", "1"],  # its /proc entry is read
+        [EXE, "images", "-", *options, "--flush-every", "1", "--workers", "1"],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        env={**os.environ, REPORT_VARIABLE: str(report)},
     )
     said: list[str] = []  # the lines of stderr
     reader = threading.Thread(target=lambda: said.extend(line.decode() for line in proc.stderr))
@@ -153,8 +156,11 @@ def test_sigterm_while_the_path_list_on_stdin_waits_saves_what_is_done(tmp_path)
         proc.stdin.write("".join(f"{path}\n" for path in images[:2]).encode())
         proc.stdin.flush()  # and no more: the pipe stays open
         deadline = time.monotonic() + 120  # only against a hang
-        # One part per item at --flush-every 1; then the run waits for the third path, blocked reading stdin.
-        while len(list(parts.glob("part-*.safetensors"))) < 2 or not _reading_stdin(proc.pid):
+        # One part per item at --flush-every 1; then the run waits for the third path, blocked reading stdin. (Its
+        # PID is reported before the command runs: before it saves a part.)
+        while len(list(parts.glob("part-*.safetensors"))) < 2 or not _reading_stdin(
+            json.loads(report.read_text())["pid"]
+        ):
             assert proc.poll() is None, said
             assert time.monotonic() < deadline, "the first two items were never saved"
             time.sleep(0.05)

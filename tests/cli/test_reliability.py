@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import EXE, ROOT, SLOW_CLI, SLOW_EXE, TEST_MEDIA, write_image
+from warm_cli import REPORT_VARIABLE
 
 import gemma_embed
 
@@ -205,9 +206,9 @@ def _start_and_stop(tmp_path, images, out, sig) -> subprocess.CompletedProcess:
     gate.mkdir()
     for batch in range(4):
         (gate / str(batch)).touch()
-    start = [sys.executable, str(SLOW_EXE)] if sig == signal.SIGKILL else [SLOW_CLI]  # what a SIGKILL leaves: real
+    report = tmp_path / "report.json"  # the command's PID: SIGKILL goes to its own process (tests/warm_cli.py)
     args = [
-        *start,
+        SLOW_CLI,
         "--gate",
         str(gate),
         "images",
@@ -223,14 +224,18 @@ def _start_and_stop(tmp_path, images, out, sig) -> subprocess.CompletedProcess:
         "--max-soft-tokens",
         "70",
     ]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env = {**os.environ, REPORT_VARIABLE: str(report)}
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     parts = out.with_name(out.name + ".parts")
     deadline = time.monotonic() + 120  # only against a hang
     while len(list(parts.glob("part-*.safetensors"))) < 2:
         assert proc.poll() is None, proc.stderr.read().decode()
         assert time.monotonic() < deadline, "no parts were flushed"
         time.sleep(0.05)
-    proc.send_signal(sig)
+    if sig == signal.SIGKILL:  # what a SIGKILL leaves: the kernel ends the command's process, nothing else runs
+        os.kill(json.loads(report.read_text())["pid"], sig)
+    else:  # a signal its caller gets (a terminal's Ctrl-C, a hang-up), passed on by the launcher when forked
+        proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=60)
     return subprocess.CompletedProcess(args, proc.returncode, stdout.decode(), stderr.decode())
 

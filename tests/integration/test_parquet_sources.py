@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from collection_helpers import IMAGES, MODEL, OPTIONS, assert_same_rows, caption, image_files
-from helpers import EXE, REAL_EXE, ROOT, run_images
+from helpers import EXE, ROOT, run_images
 
 import gemma_embed
 from gemma_embed.errors import UsageError
@@ -168,7 +168,7 @@ def test_peak_rss_is_flat_from_1_to_10_row_groups(tmp_path):
         assert pq.ParquetFile(parquet).num_row_groups == groups
         # fmt: off
         args = [
-            REAL_EXE, "images", str(parquet), "--column", "image", "--model", str(MODEL), "-o",
+            EXE, "images", str(parquet), "--column", "image", "--model", str(MODEL), "-o",
             str(tmp_path / f"{groups}.safetensors"), "--max-soft-tokens", "70", "--batch-size", "4",
             "--flush-every", "4", "-q",
         ]

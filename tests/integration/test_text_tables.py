@@ -138,7 +138,7 @@ def test_peak_rss_is_flat_from_1_to_10_row_groups_of_text(tmp_path):
     import subprocess
     import sys
 
-    from helpers import PEAK_RSS_WRAPPER, REAL_EXE
+    from helpers import EXE, PEAK_RSS_WRAPPER
 
     cells = [f"row {i}:" + " singing" * 12_500 for i in range(50)]  # 100 kB, 12.5k tokens: one per word
     listing = tmp_path / "empty.txt"
@@ -150,7 +150,7 @@ def test_peak_rss_is_flat_from_1_to_10_row_groups_of_text(tmp_path):
         assert pq.ParquetFile(parquet).num_row_groups == groups
         # fmt: off
         args = [
-            REAL_EXE, "text", str(parquet), "--column", "text",
+            EXE, "text", str(parquet), "--column", "text",
             "--model", str(ROOT / "samples" / "tiny-embeddinggemma"),
             "-o", str(tmp_path / f"{groups}.safetensors"), "--flush-every", "50", "-q",
         ]

@@ -462,7 +462,7 @@ def test_ctrl_c_finishes_the_request_in_flight_then_exits_0(served):
     # is among the server process's own connections.
     ours = connection.sock.getsockname()
     accepted = time.monotonic() + 60  # only against a hang
-    while not any(c.raddr and tuple(c.raddr) == ours for c in psutil.Process(server.proc.pid).net_connections("tcp")):
+    while not any(c.raddr and tuple(c.raddr) == ours for c in psutil.Process(server.pid).net_connections("tcp")):
         assert time.monotonic() < accepted, "the server never accepted the connection"
         time.sleep(0.02)
     server.proc.send_signal(signal.SIGINT)
