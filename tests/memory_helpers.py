@@ -62,7 +62,8 @@ def cli_peak(args: list[str], root: Path = ROOT, timeout: float = 900, cap: int 
     with tempfile.TemporaryDirectory() as tmp:
         marks, errors, script, report = (Path(tmp) / name for name in ("peak.json", "stderr", "cli.py", "report"))
         script.write_text(_CLI)
-        env = {**os.environ, "PYTHONPATH": str(root), "GEMMA_EMBED_PEAK_FILE": str(marks), REPORT_VARIABLE: str(report)}
+        path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)  # root's package first
+        env = {**os.environ, "PYTHONPATH": path, "GEMMA_EMBED_PEAK_FILE": str(marks), REPORT_VARIABLE: str(report)}
         with open(errors, "w") as stderr:
             proc = subprocess.Popen(
                 [PYTHON_CLI, script, *map(str, args)],

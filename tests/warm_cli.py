@@ -16,7 +16,7 @@ command (the server's log names the reason): an environment that differs in anyt
 but `RUNTIME_VARIABLES`), other resource limits, capabilities beyond the server's, or no server. A module whose runs
 all share such an environment (tokens, HOME, HF_ENDPOINT, torchrun's OMP_NUM_THREADS) starts a server of its own in
 it (`environment_with_server`: tests/cli/test_remote_secrets.py, tests/cli/test_hub_inputs.py,
-tests/cli/test_exit_codes.py, tests/cli/test_distributed.py's ranks). Fewer capabilities than the server's
+tests/cli/test_distributed.py's ranks). Fewer capabilities than the server's
 (`setpriv --bounding-set=-dac_override` before a run drops root's) are the caller's in the forked child: it drops
 the rest before anything else runs (`_take_capabilities`).
 

@@ -18,7 +18,6 @@ import subprocess
 import pytest
 from helpers import EXE, ROOT
 from typer.testing import CliRunner
-from warm_cli import environment_with_server
 
 from gemma_embed import cli, errors
 
@@ -36,19 +35,10 @@ FAULTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def offline(tmp_path_factory):
-    """The environment of the runs: offline, with an empty model cache of the module's own (a command that went
-    for a model instead of failing on the file would say so). Read at import, so the module's runs fork from a
-    server started in it (tests/warm_cli.py)."""
-    root = tmp_path_factory.mktemp("exit-codes")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(root / "hf"), "COLUMNS": "200"}
-    with environment_with_server(root / "server", env) as env:
-        yield env
-
-
-def _run_all(folder, file, env) -> dict[str, subprocess.CompletedProcess]:
-    """The four commands on `file`, started together (each waits only for its own exit)."""
+def _run_all(folder, file) -> dict[str, subprocess.CompletedProcess]:
+    """The four commands on `file`, started together (each waits only for its own exit), offline and with an
+    empty model cache: a command that went for a model instead of failing on the file would say so."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(folder / "hf"), "COLUMNS": "200"}
     started = {
         name: subprocess.Popen(
             [EXE, *args(str(file))], cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -63,7 +53,7 @@ def _run_all(folder, file, env) -> dict[str, subprocess.CompletedProcess]:
 
 
 @pytest.mark.parametrize("name", FAULTS)
-def test_the_four_readers_report_a_fault_alike(tmp_path, name, offline):
+def test_the_four_readers_report_a_fault_alike(tmp_path, name):
     content, kind = FAULTS[name]
     work = tmp_path / "work"
     work.mkdir()
@@ -71,7 +61,7 @@ def test_the_four_readers_report_a_fault_alike(tmp_path, name, offline):
     if content is not None:
         file.write_bytes(content)
     before = sorted(work.iterdir())
-    done = _run_all(tmp_path, file, offline)
+    done = _run_all(tmp_path, file)
     for command, proc in done.items():
         lines = proc.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: {file}: "), (command, proc.stderr)
