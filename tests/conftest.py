@@ -23,9 +23,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # scikit-learn and joblib set these two with setdefault when imported (sentence-transformers imports scikit-learn).
 # A test that imports it after the warm command server started (tests/warm_cli.py) would give every later run an
 # environment that differs from the server's in variables it compares, and every run would start anew. The full
-# suite hid this, because test_sentence_transformers_face.py imports it while the suite is collected. A subset
-# without that file did not hide it: test_text_limits.py then test_warm_cli.py failed 5 tests. So the session sets
-# them first, to the same values.
+# suite hid this while test_sentence_transformers_face.py imported it at collection (it now does so in a fixture).
+# A subset without that file did not hide it: test_text_limits.py then test_warm_cli.py failed 5 tests. So the
+# session sets them first, to the same values.
 os.environ.setdefault("KMP_DUPLICATE_LIB_OK", "True")
 os.environ.setdefault("KMP_INIT_AT_FORK", "FALSE")
 

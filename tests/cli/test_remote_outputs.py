@@ -6,16 +6,17 @@ the requests that crossed a counting proxy show; a reader never sees a half-writ
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
-import sys
 import time
 
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import ROOT, SLOW_EXE, invoke, run_images, write_image
+from helpers import ROOT, SLOW_CLI, invoke, run_images, write_image
 from remote_helpers import CountingProxy, s3_server, s3fs_client
+from warm_cli import REPORT_VARIABLE
 
 import gemma_embed
 
@@ -48,16 +49,18 @@ def _killed_after_two_parts(store) -> subprocess.CompletedProcess:
     gate.mkdir()
     for batch in range(4):
         (gate / str(batch)).touch()
-    args = [sys.executable, str(SLOW_EXE), "--gate", str(gate), "images", str(store["images"]), "--model", str(MODEL)]
+    args = [SLOW_CLI, "--gate", str(gate), "images", str(store["images"]), "--model", str(MODEL)]
     args += ["-o", REMOTE, "--flush-every", "2", "--batch-size", "1", "--max-soft-tokens", "70", "--shard-size", "5"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    report = store["root"] / "report.json"  # the command's PID, forked or not (tests/warm_cli.py): SIGKILL goes there
+    env = {**os.environ, REPORT_VARIABLE: str(report)}
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     fs = s3fs_client()
     deadline = time.monotonic() + 120  # only against a hang
     while len(fs.glob(f"{BUCKET}/run/emb.safetensors.parts/part-*.safetensors", refresh=True)) < 2:
         assert proc.poll() is None, proc.stderr.read().decode()
         assert time.monotonic() < deadline, "no parts were uploaded"
         time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
+    os.kill(json.loads(report.read_text())["pid"], signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=60)
     return subprocess.CompletedProcess(args, proc.returncode, stdout.decode(), stderr.decode())
 
