@@ -21,8 +21,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get
 
 SAMPLE_MODEL = ROOT / "samples" / "tiny-gemma4"
 TEST_MEDIA = ROOT / "tests" / "media"  # real media other projects made (tests/media/SOURCES.md)
-# The installed console script, a new process for each run: for tests that watch the process itself (its RSS, its
-# /proc entries, what a SIGKILL leaves) or its start.
+# The installed console script, a new process for each run: for tests of a new process itself (its start, its
+# imports, its peak RSS against a fixed bound).
 REAL_EXE = shutil.which("gemma-embed") or str(Path(sys.executable).parent / "gemma-embed")
 # The same command forked from a server that has imported it (tests/warm_cli.py: 4.5 s of imports saved a run);
 # without the server, or for a run whose start it cannot reproduce, it is REAL_EXE.
@@ -30,7 +30,7 @@ EXE = warm_cli.launcher(ROOT / "tests")
 os.environ[warm_cli.REAL_VARIABLE] = REAL_EXE
 SLOW_EXE = ROOT / "tests" / "slow_gemma_embed.py"  # the real CLI with a delay before each encode (its docstring)
 # SLOW_EXE forked from the same warm server (`python SLOW_EXE` without it): for runs stopped by a signal it passes
-# on; a run killed with SIGKILL, or whose PID or /proc entry a test reads, stays `python SLOW_EXE`.
+# on, or by a SIGKILL sent to the PID in the command's report (warm_cli.REPORT_VARIABLE).
 SLOW_CLI = warm_cli.launcher(ROOT / "tests", SLOW_EXE)
 # `python SCRIPT ...` with SCRIPT forked from the same server: Ray's `py_executable` for the tests' clusters.
 PYTHON_CLI = warm_cli.python_launcher(ROOT / "tests")

@@ -19,7 +19,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from warm_cli import REPORT_VARIABLE, python_launcher
+from warm_cli import REPORT_VARIABLE, python_launcher, reported_pid
 
 ROOT = Path(__file__).resolve().parents[1]
 # `python SCRIPT ...`, forked from the warm server where a pytest session has one (tests/warm_cli.py), else anew.
@@ -74,7 +74,7 @@ def cli_peak(args: list[str], root: Path = ROOT, timeout: float = 900, cap: int 
             )
             killed, started = False, time.monotonic()
             while proc.poll() is None:
-                pid = json.loads(report.read_text())["pid"] if report.exists() else proc.pid
+                pid = reported_pid(report) if report.exists() else proc.pid
                 if cap is not None and _rss(pid) > cap or time.monotonic() - started > timeout:
                     proc.kill()
                     killed = True

@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from helpers import EXE, ROOT
-from warm_cli import REPORT_VARIABLE
+from warm_cli import REPORT_VARIABLE, reported_pid
 
 TINY_EG2 = ROOT / "samples" / "tiny-embeddinggemma2"
 SAMPLE_IMAGES = ROOT / "samples" / "media" / "images"
@@ -96,7 +96,7 @@ class ServerProcess:
     @property
     def pid(self) -> int:
         """The command's process (not the launcher's, when forked): its report is written before it runs."""
-        return json.loads(self._report.read_text())["pid"]
+        return reported_pid(self._report)
 
     def rss(self) -> int:
         """The process's resident set (bytes), from /proc."""

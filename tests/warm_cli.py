@@ -24,11 +24,12 @@ A caller that names a file in REPORT_VARIABLE learns the command's PID (its /pro
 command, its own peak RSS as it ends: tests that compare a command's peak RSS with itself or another forked run
 (flat in the input's size, growth above the loaded process) and the server tests (their RSS, their sockets) read
 it. A fork holds fewer of the libraries' pages than a real start (556 against 875 MiB at the peak of a run on the
-sample images), so a peak held against a fixed bound, the PID in a lock file, what a SIGKILL leaves and the
-imports are a real start's (`REAL_EXE`, `python SLOW_EXE`, `python -c`); tests/cli/test_start_up_imports.py checks
-the real start. `SLOW_CLI` is the same launcher for tests/slow_gemma_embed.py (the CLI slowed or gated at chosen
-stages), run as `__main__` in the forked child: the runs a test stops with a signal it passes on (SIGINT, SIGHUP,
-SIGQUIT, SIGTERM) and torchrun's ranks use it. `python_launcher` is `python SCRIPT ...` forked, Ray's
+sample images), so a peak held against a fixed bound and the imports are a real start's (`REAL_EXE`,
+`python SLOW_EXE`, `python -c`); tests/cli/test_start_up_imports.py checks the real start. The PID in a lock file
+and what a SIGKILL leaves are the forked command's own: the test reads the PID from the report and signals it.
+`SLOW_CLI` is the same launcher for tests/slow_gemma_embed.py (the CLI slowed or gated at chosen stages), run as
+`__main__` in the forked child: the runs a test stops with a signal it passes on (SIGINT, SIGHUP, SIGQUIT, SIGTERM)
+or sends SIGKILL, and torchrun's ranks, use it. `python_launcher` is `python SCRIPT ...` forked, Ray's
 `py_executable` for the tests' clusters (helpers.start_ray): their workers start with torch and transformers
 imported.
 """
@@ -261,9 +262,14 @@ def report(pid: int, peak: int | None = None) -> None:
     os.replace(temporary, path)
 
 
-def peak_rss() -> int:
-    """This process's peak RSS (VmHWM), bytes."""
-    with open("/proc/self/status") as status:
+def reported_pid(path: Path) -> int:
+    """The PID in a command's report (written before the command runs)."""
+    return json.loads(Path(path).read_text())["pid"]
+
+
+def peak_rss(pid: int | str = "self") -> int:
+    """A live process's peak RSS so far (VmHWM), bytes; this process's by default."""
+    with open(f"/proc/{pid}/status") as status:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
 
 

@@ -3,7 +3,6 @@ output is a single run's; a holder killed with SIGKILL leaves a lock file the ne
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import EXE, SAMPLE_MODEL, SLOW_CLI, reporting_cli, run_images, write_image
-from warm_cli import REPORT_VARIABLE
+from warm_cli import REPORT_VARIABLE, reported_pid
 
 import gemma_embed
 
@@ -56,7 +55,7 @@ def _start_holder(tmp_path: Path, images: Path, out: Path, *flags: str, release:
         assert holder.poll() is None, holder.stderr.read().decode()
         assert time.monotonic() < deadline, "the first run never started loading"
         time.sleep(0.02)
-    return holder, json.loads(report.read_text())["pid"]  # reported before the command ran
+    return holder, reported_pid(report)  # reported before the command ran
 
 
 def _same_rows(out: Path, reference: Path) -> None:

@@ -20,7 +20,7 @@ import pytest
 import torch
 from helpers import EXE, PEAK_RSS_WRAPPER, REAL_EXE, SAMPLE_MODEL, run_images, write_image
 from tar_helpers import gnu_sparse_member, gnu_tar, regular, sparse_file, write_tar
-from warm_cli import REPORT_VARIABLE
+from warm_cli import REPORT_VARIABLE, reported_pid
 
 import gemma_embed
 
@@ -158,9 +158,7 @@ def test_sigterm_while_the_path_list_on_stdin_waits_saves_what_is_done(tmp_path)
         deadline = time.monotonic() + 120  # only against a hang
         # One part per item at --flush-every 1; then the run waits for the third path, blocked reading stdin. (Its
         # PID is reported before the command runs: before it saves a part.)
-        while len(list(parts.glob("part-*.safetensors"))) < 2 or not _reading_stdin(
-            json.loads(report.read_text())["pid"]
-        ):
+        while len(list(parts.glob("part-*.safetensors"))) < 2 or not _reading_stdin(reported_pid(report)):
             assert proc.poll() is None, said
             assert time.monotonic() < deadline, "the first two items were never saved"
             time.sleep(0.05)

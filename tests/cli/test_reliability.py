@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import EXE, ROOT, SLOW_CLI, SLOW_EXE, TEST_MEDIA, write_image
-from warm_cli import REPORT_VARIABLE
+from warm_cli import REPORT_VARIABLE, reported_pid
 
 import gemma_embed
 
@@ -233,7 +233,7 @@ def _start_and_stop(tmp_path, images, out, sig) -> subprocess.CompletedProcess:
         assert time.monotonic() < deadline, "no parts were flushed"
         time.sleep(0.05)
     if sig == signal.SIGKILL:  # what a SIGKILL leaves: the kernel ends the command's process, nothing else runs
-        os.kill(json.loads(report.read_text())["pid"], sig)
+        os.kill(reported_pid(report), sig)
     else:  # a signal its caller gets (a terminal's Ctrl-C, a hang-up), passed on by the launcher when forked
         proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=60)

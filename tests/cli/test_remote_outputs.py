@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import ROOT, SLOW_CLI, invoke, run_images, write_image
 from remote_helpers import CountingProxy, s3_server, s3fs_client
-from warm_cli import REPORT_VARIABLE
+from warm_cli import REPORT_VARIABLE, reported_pid
 
 import gemma_embed
 
@@ -60,7 +60,7 @@ def _killed_after_two_parts(store) -> subprocess.CompletedProcess:
         assert proc.poll() is None, proc.stderr.read().decode()
         assert time.monotonic() < deadline, "no parts were uploaded"
         time.sleep(0.05)
-    os.kill(json.loads(report.read_text())["pid"], signal.SIGKILL)
+    os.kill(reported_pid(report), signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=60)
     return subprocess.CompletedProcess(args, proc.returncode, stdout.decode(), stderr.decode())
 

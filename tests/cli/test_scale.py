@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 
 import numpy as np
 import pytest
 from helpers import EXE, ROOT
 from PIL import Image
-from warm_cli import REPORT_VARIABLE
+from warm_cli import REPORT_VARIABLE, peak_rss, reported_pid
 
 MODEL = ROOT / "samples" / "tiny-gemma4"
-
-
-def peak_rss(pid: int) -> int:
-    """A live process's peak RSS so far (VmHWM), in bytes."""
-    with open(f"/proc/{pid}/status") as fh:
-        return int(re.search(r"VmHWM:\s+(\d+) kB", fh.read()).group(1)) * 1024
 
 
 @pytest.mark.slow
@@ -59,7 +52,7 @@ def test_peak_rss_flat_from_100_to_1000_images(tmp_path):
         if record["type"] == "item":
             items += 1
             if items in (100, 1000):
-                peaks[items] = peak_rss(json.loads(report.read_text())["pid"])
+                peaks[items] = peak_rss(reported_pid(report))
         else:
             summary = record
     _, status, usage = os.wait4(proc.pid, 0)
