@@ -74,8 +74,8 @@ def cli_peak(args: list[str], root: Path = ROOT, timeout: float = 900, cap: int 
             )
             killed, started = False, time.monotonic()
             while proc.poll() is None:
-                pid = reported_pid(report) if report.exists() else proc.pid
-                if cap is not None and _rss(pid) > cap or time.monotonic() - started > timeout:
+                over = cap is not None and _rss(reported_pid(report) if report.exists() else proc.pid) > cap
+                if over or time.monotonic() - started > timeout:
                     proc.kill()
                     killed = True
                 time.sleep(0.05)
