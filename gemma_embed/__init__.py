@@ -28,6 +28,12 @@ from __future__ import annotations
 __version__ = "0.1.0"
 FORMAT = "gemma-embed/1"
 
+# MKL's strict reproducibility mode, asked for before any product runs in this process: the same bytes at any
+# thread count (cpu_kernels.py). A caller's own MKL_CBWR stands.
+from gemma_embed.cpu_kernels import request_reproducible_gemm  # noqa: E402
+
+request_reproducible_gemm()
+
 # The library face. Names are resolved on first use: the runner and reader import torch, and
 # `import gemma_embed` (so `gemma-embed --help`) must stay instant.
 _LAZY = {

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from gemma_embed.config import Dtype
+from gemma_embed.cpu_kernels import cpuinfo_flags
 from gemma_embed.errors import UsageError
 from gemma_embed.memory import readings
 
@@ -135,15 +136,6 @@ def cpu_capabilities() -> Mapping:
     except OSError:
         return {}
     return dict.fromkeys(cpuinfo_flags(text), True)
-
-
-def cpuinfo_flags(text: str) -> set[str]:
-    """The flags /proc/cpuinfo lists for its first processor (x86 `flags`, Arm `Features`)."""
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
 
 
 def cuda_bf16_native(device: torch.device) -> bool:

@@ -42,6 +42,7 @@ class Planned:
     space: Space
     width: int  # row width of the output
     preprocessing: dict  # the preparer's own description (processor settings), for --resume's fingerprint
+    cpu_kernels: str = ""  # on a CPU: the kernels the forwards compute with (numerics.kernels(), JSON)
 
 
 @dataclass
@@ -172,6 +173,8 @@ class LocalRunner:
 
 def planned(embedder, engines) -> Planned:
     """What an `Embedder` will compute for a command (its `CommandEngines`), as the header records it."""
+    from gemma_embed import numerics
+
     stages = engines.stages
     choice = embedder.dtype_choice
     return Planned(
@@ -182,6 +185,7 @@ def planned(embedder, engines) -> Planned:
         space=stages.space,
         width=stages.width,
         preprocessing=stages.preparer.describe(),
+        cpu_kernels=numerics.kernels_json() if embedder.device.type == "cpu" else "",
     )
 
 

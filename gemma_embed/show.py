@@ -20,6 +20,7 @@ HEADER_ORDER = (
     "compute_dtype",
     "dtype_reason",
     "device",
+    "cpu_kernels",
     "preprocessing",
     "created_by",
 )

@@ -78,6 +78,7 @@ def header(config: RunConfig, planned: Planned) -> dict[str, str]:
         compute_dtype=planned.dtype,
         dtype_reason=planned.dtype_reason,
         device=planned.device,
+        cpu_kernels=planned.cpu_kernels,
         model_type=planned.model_type,
         preprocessing=json.dumps(planned.preprocessing),
         # Retrieval vectors: their width (--dim), which a search query must share. Tower rows: none (as before).

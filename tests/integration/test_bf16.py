@@ -15,10 +15,16 @@ Each comparison is printed (`pytest -s` shows them):
 Before the fix the loader cast every buffer to bf16 (the vision RoPE tables, Gemma 3n's timescales and softcap),
 and the vision tower cast pixels to bf16 before the patch embedder's 2 * (px - 0.5): 0.4-2% off.
 The `device` fixture runs each test on the CPU, and on CUDA under the `gpu` marker (bench/gpu_check.sh).
+
+transformers' calls run with the tool's CPU kernels (`numerics.aligned`): on a CPU without bf16 instructions the tool
+computes bf16 products in float32 (numerics.py: oneDNN's emulation changes with the thread count), so "bit-identical"
+means the same inputs through the same kernels there. Where the CPU has bf16 instructions the kernels are oneDNN's
+own, and the 1120-token test also holds the tool to transformers' call without them, bit for bit.
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +34,7 @@ from audio_helpers import CLIP_SECONDS, write_clips
 from helpers import record_outputs, reference_image_rows, rel_error, run_images, write_image
 
 import gemma_embed
-from gemma_embed import engine
+from gemma_embed import engine, numerics
 from gemma_embed.batching import longest_first, padded_length
 from gemma_embed.models.gemma3n import Gemma3nAudioTower
 from gemma_embed.models.gemma4 import Gemma4VisionTower
@@ -93,9 +99,11 @@ def fingerprint(pixels: torch.Tensor) -> bytes:
     return pixels.cpu().contiguous().numpy().tobytes()
 
 
-def vision_rows(model, pixels, positions, video: bool = False) -> torch.Tensor:
-    """transformers' get_image_features / get_video_features (all frames one video) on one stacked batch."""
-    with torch.no_grad():
+def vision_rows(model, pixels, positions, video: bool = False, tool_kernels: bool = True) -> torch.Tensor:
+    """transformers' get_image_features / get_video_features (all frames one video) on one stacked batch, with the
+    tool's CPU kernels unless told otherwise."""
+    kernels = numerics.aligned(pixels.device) if tool_kernels else contextlib.nullcontext()
+    with torch.no_grad(), kernels:
         if video:
             out = model.model.get_video_features(pixels, positions, torch.tensor([pixels.shape[0]]))
         else:
@@ -157,6 +165,8 @@ def test_images_at_1120_tokens_wide_and_tall(tmp_path, device, one_layer_dir, bf
         n = int((positions != -1).all(dim=-1).sum())
         assert 9000 < n < pixels.shape[1]  # 1120 tokens, and padding patches for the tool to leave out
         alone_rows = vision_rows(model, pixels[:, :n], positions[:, :n])
+        if device == "cpu" and numerics.half_native(torch.bfloat16):  # oneDNN's own kernels: the same bits
+            assert torch.equal(alone_rows, vision_rows(model, pixels[:, :n], positions[:, :n], tool_kernels=False))
         check_item(
             f"{name} ({n} patches)",
             ours[name],
@@ -214,8 +224,9 @@ def test_video_frames(tmp_path, device, gemma4_dir, bf16_model, monkeypatch):
 
 
 def audio_rows(model, family: str, features, mask) -> list[torch.Tensor]:
-    """transformers' get_audio_features on one batch: each clip's valid rows (mask: True = a valid frame)."""
-    with torch.no_grad():
+    """transformers' get_audio_features on one batch: each clip's valid rows (mask: True = a valid frame), with the
+    tool's CPU kernels."""
+    with torch.no_grad(), numerics.aligned(features.device):
         if family == "gemma3n":
             out = model.model.get_audio_features(features, ~mask)  # this tower's mask: True = padding
             valid = ~out.audio_mel_mask
@@ -329,6 +340,8 @@ def test_auto_runs_a_bf16_checkpoint_in_bf16_like_transformers_auto(
         pixels, positions = processed["pixel_values"].to(device), processed["image_position_ids"].to(device)
         n = int((positions != -1).all(dim=-1).sum())
         alone_rows = vision_rows(model, pixels[:, :n], positions[:, :n])
+        if device == "cpu" and numerics.half_native(torch.bfloat16):  # oneDNN's own kernels: the same bits
+            assert torch.equal(alone_rows, vision_rows(model, pixels[:, :n], positions[:, :n], tool_kernels=False))
         key = fingerprint(pixels[0, :n])
         check_item(
             f"auto {name} ({n} patches)",

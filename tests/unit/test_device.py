@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from gemma_embed import device as device_module
+from gemma_embed.cpu_kernels import cpuinfo_flags
 from gemma_embed.device import (
     choose_dtype,
     cpu_bf16_units,
     cpu_capabilities,
-    cpuinfo_flags,
     resolve_device,
     resolve_dtype,
     use_device,
