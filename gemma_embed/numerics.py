@@ -2,27 +2,38 @@
 or any number of threads and however the batches were cut, so `--cpu-threads auto` (which follows the machine's
 load), `--resume`, a Ray worker and a single process all write the same output, on any x86-64 CPU with AVX2.
 
-Three things change a product's last bits with the thread count or the batch, each handled where its library has
-a control and worked around where it has none:
+What changes a forward's last bits with the thread count or the batch, each handled with its library's control
+where there is one and worked around where there is none (measured on an AMD EPYC, Zen 4, avx512_bf16, torch 2.14.1
+with MKL 2024.2 and oneDNN 3.12, threads 1-16 on 2 cores; the Intel Xeon figures are from issue 46):
 - float32 GEMMs (MKL): MKL's strict reproducibility mode, asked for when `gemma_embed` is imported
-  (`cpu_kernels.request_reproducible_gemm`): the same bytes at any thread count, Intel or AMD. What the mode does not
-  cover is the row count: MKL takes other kernels for products of 1-3 rows, whose rows then differ from the same
-  rows of a larger product at every thread count (measured on an AMD EPYC, Zen 4, MKL 2024.2, strict: rows 1-3 of
-  29 row counts x 5 shapes). `aligned()` pads a product of fewer than SMALL_GEMM_ROWS rows to that many; 16 leaves
-  room for other CPUs' small-matrix kernels (not measured: no other CPU here), and costs nothing measurable, a
-  product that small reads its weights once either way.
-- bf16 and float16 GEMMs (oneDNN) on a CPU without instructions for the type: no control exists, and the emulating
-  kernel splits sums between threads (`cpu_kernels`' docstring). `aligned()` computes such a product in float32
-  through MKL's strict GEMM and rounds it to the type once, as oneDNN's kernels do with their float32 sums.
-- Elementwise kernels whose vector and scalar code differ (tanh-GELU, SiLU, sigmoid, softplus, tanh: SLEEF in the
-  vector loop, libm in the scalar tail): ATen splits a tensor into one chunk per thread and finishes each chunk's
-  last elements with the scalar code, so which elements take that path moves with the thread count (70,000
-  floats: other bytes at 2 threads than at 1), and so does the batch size (with one thread too: the tail is the
-  tensor's last elements). No library control exists. `aligned()` runs every element through the vector code:
-  most tensors of a model whose width is a multiple of 64 are cut on whole vector steps at 2 threads already and
-  need nothing but that test; the others run on a buffer with room for whole chunks, at the cost of one copy. An
-  element's bytes then depend on its value only. Measured under each of ATen's kernel paths (ATEN_CPU_CAPABILITY
-  default, avx2, avx512) on the AMD EPYC: tests/integration/test_kernel_paths.py.
+  (`cpu_kernels.request_reproducible_gemm`). Intel documents it for its CPUs. On this AMD CPU MKL keeps STRICT on
+  its AUTO branch, which held for every shape but narrow ones at many threads: a product of 64 output columns
+  differed at 8 threads, 128 at 16, 32 at 4 (MKL splits the sum over K when the columns run out). So every product
+  runs on at most one MKL thread per COLUMNS_PER_THREAD output columns (`mkl_set_num_threads_local`, this thread
+  only): 0 differences in 27 shapes x 26 row counts x threads 2-16 and 32. The mode does not cover the row count
+  either: MKL takes other kernels for 1-3 rows, which differ from the same rows of a larger product at every thread
+  count, so a product of fewer than SMALL_GEMM_ROWS rows is padded; 16 leaves room for other CPUs' small-matrix
+  kernels (not measured: no other CPU here), and a product that small reads its weights once either way. Both
+  rules apply to F.linear and to projections written as matmul (Gemma 3's multimodal projector) or batched matmul
+  (Gemma 4's pooler averages patches with one).
+- bf16 and float16 GEMMs (oneDNN) on a CPU without instructions for the type: no control exists (torch's
+  `backends.mkldnn.deterministic` reaches Intel GPUs only), and the emulating kernel splits sums between threads
+  (`cpu_kernels`' docstring). `aligned()` computes such a product in float32 through MKL's strict GEMM and rounds
+  it to the type once, as oneDNN's kernels do with their float32 sums.
+- convolutions (oneDNN: Gemma 3n's MobileNet, the audio towers): no control either. A 1x1 convolution to 8
+  channels split its sums at 8 threads, and the kernel oneDNN picks follows the batch's size (an image in a batch
+  of 7 against alone: 5e-6). `aligned()` runs a convolution one item at a time, on at most one thread per
+  COLUMNS_PER_THREAD output channels.
+- Elementwise kernels whose vector and scalar code differ (tanh-GELU, SiLU, sigmoid, softplus, tanh, rsqrt: SLEEF
+  or a vector formula in the vector loop, libm in the scalar tail): ATen splits a tensor into one chunk per thread
+  and finishes each chunk's last elements with the scalar code, so which elements take that path moves with the
+  thread count (70,000 floats: other bytes at 2 threads than at 1), and so does the batch size (with one thread
+  too: the tail is the tensor's last elements; Gemma 3n's RMSNorm2d's rsqrt in bf16: 0.03 apart). No library
+  control exists. `aligned()` runs every element through the vector code: most tensors of a model whose width is a
+  multiple of 64 are cut on whole vector steps at 2 threads already and need nothing but that test; the others run
+  on a buffer with room for whole chunks, at the cost of one copy. An element's bytes then depend on its value
+  only. Under each of ATen's kernel paths (ATEN_CPU_CAPABILITY default, avx2, avx512) and every family and
+  modality of the samples: tests/integration/test_kernel_paths.py.
 
 The rest of a forward (attention at a fixed padded length, reductions over a row, exact elementwise operations
 such as add and multiply) was measured to give the same bytes at every thread count and batch size. What is not
@@ -76,6 +87,22 @@ _ELEMENTWISE = {
     torch.tanh,
     torch.Tensor.sigmoid,
     torch.Tensor.tanh,
+    torch.rsqrt,
+    torch.Tensor.rsqrt,
+}
+
+
+# oneDNN's convolutions: a thread cap by output channels, as MKL's by output columns (module docstring).
+_CONVOLUTIONS = {F.conv1d, F.conv2d}
+# Products of a tensor's rows with a matrix written without F.linear.
+_MATMUL = {
+    torch.matmul,
+    torch.Tensor.matmul,
+    torch.Tensor.__matmul__,
+    torch.mm,
+    torch.Tensor.mm,
+    torch.bmm,
+    torch.Tensor.bmm,
 }
 
 
@@ -119,21 +146,75 @@ def _elementwise(func, x: torch.Tensor, args, kwargs):
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear` with a small product padded to SMALL_GEMM_ROWS rows, and a half-type product computed in float32
-    where the CPU has no instructions for the type (module docstring)."""
+    def compute(rows: torch.Tensor, wide: bool) -> torch.Tensor:
+        if wide:
+            return F.linear(rows.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
+        return F.linear(rows, weight, bias)
+
+    return _product(x, weight.shape[0], compute)
+
+
+def _matmul(func, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """`x @ other` for a matrix `other` (a projection written as matmul, as Gemma 3's multimodal projector)."""
+
+    def compute(rows: torch.Tensor, wide: bool) -> torch.Tensor:
+        return func(rows.float(), other.float()).to(x.dtype) if wide else func(rows, other)
+
+    return _product(x, other.shape[-1], compute)
+
+
+def _batched_matmul(func, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """`x @ other` for a stack of matrices (Gemma 4's pooler averages patches with one): the same rules as
+    `_product`, each matrix of `x` padded along its rows."""
+    rows, columns = x.shape[-2], other.shape[-1]
+    emulated = x.dtype in HALF_TYPES and not half_native(x.dtype)
+    with _mkl_threads_at_most(max(1, columns // COLUMNS_PER_THREAD)):
+        if rows >= SMALL_GEMM_ROWS and not emulated:
+            return func(x, other)
+        if rows < SMALL_GEMM_ROWS:
+            x = torch.cat([x, x.new_zeros(*x.shape[:-2], SMALL_GEMM_ROWS - rows, x.shape[-1])], dim=-2)
+        out = func(x.float(), other.float()).to(x.dtype) if emulated else func(x, other)
+    return out[..., :rows, :]
+
+
+def _product(x: torch.Tensor, columns: int, compute) -> torch.Tensor:
+    """A product of `x`'s rows with a matrix giving `columns` columns, `compute(rows, wide)`: padded to
+    SMALL_GEMM_ROWS rows when smaller, on at most one MKL thread per COLUMNS_PER_THREAD columns, and in float32
+    (`wide`) for a half type the CPU has no instructions for (module docstring)."""
     rows = x.numel() // max(1, x.shape[-1])
     emulated = x.dtype in HALF_TYPES and not half_native(x.dtype)
-    with _mkl_threads_at_most(max(1, weight.shape[0] // COLUMNS_PER_THREAD)):
+    with _mkl_threads_at_most(max(1, columns // COLUMNS_PER_THREAD)):
         if rows >= SMALL_GEMM_ROWS and not emulated:
-            return F.linear(x, weight, bias)
+            return compute(x, False)
         flat = x.reshape(rows, x.shape[-1])
         if rows < SMALL_GEMM_ROWS:
             flat = torch.cat([flat, flat.new_zeros(SMALL_GEMM_ROWS - rows, x.shape[-1])])
-        if emulated:
-            out = F.linear(flat.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
-        else:
-            out = F.linear(flat, weight, bias)
-    return out[:rows].view(*x.shape[:-1], weight.shape[0])
+        out = compute(flat, emulated)
+    return out[:rows].view(*x.shape[:-1], columns)
+
+
+def _convolution(func, x: torch.Tensor, rest, kwargs) -> torch.Tensor:
+    """A convolution one item at a time (oneDNN picks its kernel by the batch's size: Gemma 3n's MobileNet gave
+    other bytes for an image in a batch of 7 than alone, 5e-6), on at most one thread per COLUMNS_PER_THREAD output
+    channels (as a GEMM; measured: a 1x1 convolution to 8 channels split its sums at 8 threads)."""
+    with _threads_at_most(max(1, rest[0].shape[0] // COLUMNS_PER_THREAD)):
+        if x.dim() != rest[0].dim() or x.shape[0] == 1:  # unbatched, or one item
+            return func(x, *rest, **kwargs)
+        return torch.cat([func(x[i : i + 1], *rest, **kwargs) for i in range(x.shape[0])])
+
+
+@contextlib.contextmanager
+def _threads_at_most(most: int) -> Iterator[None]:
+    """torch's intra-op threads (which oneDNN runs on) capped at `most` for the calls inside, then set back."""
+    before = torch.get_num_threads()
+    if most >= before:
+        yield
+        return
+    torch.set_num_threads(most)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager
@@ -216,6 +297,12 @@ class _Aligned(TorchFunctionMode):
             return _elementwise(func, args[0], args[1:], kwargs)
         if func is F.linear and first.dim() >= 1:
             return _linear(*args, **kwargs)
+        if func in _CONVOLUTIONS and len(args) >= 2 and isinstance(args[1], torch.Tensor):
+            return _convolution(func, first, args[1:], kwargs)
+        if func in _MATMUL and len(args) == 2 and not kwargs and first.dim() >= 2:
+            other = args[1]
+            if isinstance(other, torch.Tensor) and other.dim() >= 2 and other.dtype == first.dtype:
+                return _matmul(func, first, other) if other.dim() == 2 else _batched_matmul(func, first, other)
         return func(*args, **kwargs)
 
 

@@ -66,24 +66,39 @@ def checkpoints(tmp_path_factory):
     return images, text
 
 
-@pytest.mark.parametrize("path", list(PATHS))
-def test_thread_count_and_batch_change_no_byte_under_each_kernel_path(checkpoints, path):
-    forced, reported, needs = PATHS[path]
+def probe(path: str, *arguments) -> dict:
+    """The probe's findings in a fresh process under `path`'s forced kernels."""
+    forced, _, needs = PATHS[path]
     if not needs <= HAS:
         pytest.skip(f"this CPU lacks {', '.join(sorted(needs - HAS))}: the libraries cannot run the {path} path here")
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR")}
-    images, text = checkpoints
     proc = subprocess.run(
-        [sys.executable, str(PROBE), str(images), str(text), str(ROOT / "samples" / "media" / "images")],
+        [sys.executable, str(PROBE), *map(str, arguments)],
         env={**env, **forced},
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_thread_count_and_batch_change_no_byte_under_each_kernel_path(checkpoints, path):
+    images, text = checkpoints
+    found = probe(path, images, text, ROOT / "samples" / "media" / "images")
+    reported = PATHS[path][1]
     kernels = found["kernels"]
     assert kernels["thread_count_invariant"] and kernels["mkl"].endswith(",STRICT"), kernels
     assert {name: kernels[name] for name in reported} == reported, kernels
     differing = [case for case, digests in found["cases"].items() if len(set(digests)) != 1]
     assert not differing, f"{path}: 1 thread against 8 threads one item a batch differ in {differing} ({kernels})"
+
+
+@pytest.mark.parametrize("path", ["own"])
+def test_every_family_and_modality_of_the_samples_at_1_and_8_threads(path):
+    """Gemma 4 images, video and audio, Gemma 3 images (its projector is a matmul), Gemma 3n images (MobileNet's
+    convolutions and RMSNorm2d's rsqrt) and audio, EmbeddingGemma text, EmbeddingGemma 2 images and audio."""
+    found = probe(path, "--samples", ROOT / "samples")
+    differing = [case for case, digests in found["cases"].items() if len(set(digests)) != 1]
+    assert len(found["cases"]) == 18 and not differing, f"{path}: {differing} ({found['kernels']})"
