@@ -262,25 +262,48 @@ def test_base64_vectors_are_little_endian_float32():
 
 
 def test_data_urls_are_decoded_within_the_item_limit_and_other_schemes_refused():
-    from gemma_embed.serve.media_urls import media_bytes
+    from gemma_embed.serve.media_urls import check_scheme, data_url_bytes
     from gemma_embed.serve.openai_shapes import ApiError
 
     payload = bytes(range(256)) * 4
     encoded = "data:application/octet-stream;base64," + base64.b64encode(payload).decode()
-    assert media_bytes(encoded, 4096, "input") == payload
-    assert media_bytes("data:,a%20b", 100, "input") == b"a b"
+    assert data_url_bytes(encoded, 4096, "input") == payload
+    assert data_url_bytes("data:,a%20b", 100, "input") == b"a b"
     for url, status, code in [
         (encoded, 413, "item_too_large"),  # 1024 bytes over a 1000-byte limit
         ("data:image/png;base64,@@@", 400, None),
-        ("file:///etc/passwd", 400, "unsupported_url"),
-        ("/etc/passwd", 400, "unsupported_url"),
-        ("ftp://127.0.0.1/x", 400, "unsupported_url"),
     ]:
         with pytest.raises(ApiError) as error:
-            media_bytes(url, 1000, "input[0]")
-        assert error.value.status == status
-        if code:
-            assert error.value.code == code
+            data_url_bytes(url, 1000, "input[0]")
+        assert (error.value.status, error.value.code or code) == (status, code)
+    assert [check_scheme(u, "input") for u in ("data:,x", "HTTP://a/", "https://a/")] == ["data", "http", "https"]
+    for url in ("file:///etc/passwd", "/etc/passwd", "ftp://127.0.0.1/x", "gopher://127.0.0.1/"):
+        with pytest.raises(ApiError) as error:
+            check_scheme(url, "input[0]")
+        assert (error.value.status, error.value.code) == (400, "unsupported_url")
+
+
+def test_a_large_request_shares_every_window_with_the_requests_after_it():
+    """A request cut into jobs (service.CHUNK_ITEMS) gets one of them a window: one that arrives after it is in the
+    next window, not behind all of it."""
+    from gemma_embed.serve.batcher import Batcher, RouteKey
+
+    engine = HeldEngine()
+    batcher = Batcher(lambda: engine, capacity=100)
+    batcher.start()
+    try:
+        text = RouteKey.of("text")
+        busy = batcher.submit(text, _sources("busy"))
+        assert engine.entered.wait(10)  # held inside the first window
+        large = batcher.submit_many([(text, _sources(f"a{i}", f"a{i}+")) for i in range(3)])
+        small = batcher.submit(text, _sources("b"))
+        engine.go.set()
+        for job in [busy, *large, small]:
+            job.future.result(10)
+        assert engine.calls == [["busy"], ["a0", "a0+", "b"], ["a1", "a1+"], ["a2", "a2+"]]
+    finally:
+        engine.go.set()
+        batcher.close(10)
 
 
 def test_a_missing_extra_is_one_line_naming_it(monkeypatch):
