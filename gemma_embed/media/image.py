@@ -118,9 +118,11 @@ def decode_image(content: str | bytes, max_pixels: int = MAX_PIXELS) -> DecodedI
 
 
 def opened_formats() -> list[str]:
-    """Every format Pillow registers, less those that run an outside program (RUNS_A_PROGRAM)."""
+    """Every format Pillow registers, less those that run an outside program (RUNS_A_PROGRAM); the common ones
+    first, as Pillow's own open tries them (its preinit set) before loading and trying every other plugin."""
     Image.init()
-    return [fmt for fmt in Image.ID if fmt not in RUNS_A_PROGRAM]
+    common = [fmt for fmt in ("BMP", "GIF", "JPEG", "PPM", "PNG") if fmt in Image.ID]
+    return common + [fmt for fmt in Image.ID if fmt not in RUNS_A_PROGRAM and fmt not in common]
 
 
 def browser_format(data: bytes) -> str | None:

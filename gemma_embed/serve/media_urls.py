@@ -233,6 +233,7 @@ class _PinnedHTTP(http.client.HTTPConnection):
     ):
         super().__init__(host, port, timeout=timeout)
         self.addresses, self.opened = addresses, opened
+        self.raw: socket.socket | None = None  # the TCP socket (under TLS, the one the TLS socket wraps)
 
     def _socket(self) -> socket.socket:
         failure: OSError = OSError("no address")
@@ -242,6 +243,7 @@ class _PinnedHTTP(http.client.HTTPConnection):
             except OSError as exc:
                 failure = exc
                 continue
+            self.raw = sock
             self.opened(sock)
             return sock
         raise failure
@@ -260,7 +262,12 @@ class _PinnedHTTPS(_PinnedHTTP):
         self.context = context
 
     def connect(self) -> None:
-        self.sock = self.context.wrap_socket(self._socket(), server_hostname=self.host)
+        raw = self._socket()
+        try:
+            self.sock = self.context.wrap_socket(raw, server_hostname=self.host)
+        except BaseException:
+            raw.close()
+            raise
 
 
 class Fetcher:
@@ -306,7 +313,7 @@ class Fetcher:
             sockets = list(self._open)
         for sock in sockets:
             _shut(sock)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=False)  # a fetch still queued finds the Fetcher closed and fails at once
 
     # --------------------------------------------------------------------------- in a fetch thread
     def _opened(self, sock: socket.socket) -> None:
@@ -366,11 +373,11 @@ class Fetcher:
             return self._body(response, item_limit, ledger, param, deadline), None
         finally:
             timer.cancel()
-            sock = connection.sock
             connection.close()
-            if sock is not None:
+            if connection.raw is not None:
+                connection.raw.close()
                 with self._lock:
-                    self._open.discard(sock)
+                    self._open.discard(connection.raw)
 
     def _body(self, response, item_limit: int, ledger: Ledger, param: str, deadline: float) -> bytes:
         declared = response.getheader("Content-Length")
@@ -402,8 +409,8 @@ class Fetcher:
 
     def _expire(self, connection: _PinnedHTTP) -> None:
         """The deadline passed: shut the socket so a read blocked on it returns now."""
-        if connection.sock is not None:
-            _shut(connection.sock)
+        if connection.raw is not None:
+            _shut(connection.raw)
 
 
 def _shut(sock: socket.socket) -> None:

@@ -285,30 +285,13 @@ class Service:
         for (_, places), answer in zip(order, answers, strict=True):
             for place, result in zip(places, answer, strict=True):
                 if isinstance(result, ItemError):
-                    raise self._item_error(sources[place].path, result)
+                    raise item_error(sources[place].path, result, self._note)
                 results[place] = result
         return results
 
     def _note(self, line: str) -> None:
         if self.log is not None:
             self.log(f"note: {' '.join(line.split())}")
-
-    def _item_error(self, param: str, error: ItemError) -> ApiError:
-        """A failed input as the request's answer: 400 when the input could not be read (decode, prepare); 500 when
-        the model failed on it, whose reason (sizes, the host's free memory) goes to the log, not the client."""
-        if error.stage == "encode" and error.error_type == "too-large":
-            self._note(f"{param}: {error.message}")
-            return ApiError(
-                413,
-                f"{param}: too long for the model to encode here (fewer tokens: --max-request-tokens, "
-                "--max-text-bytes)",
-                param,
-                "input_too_large",
-            )
-        if error.stage == "encode":
-            self._note(f"{param}: the model failed on this input: {error.message}")
-            return ApiError(500, f"{param}: the model failed on this input", param, "encode_failed")
-        return ApiError(400, f"{param}: {error.message}", param, "invalid_input")
 
     # ------------------------------------------------------------------------------------------ search
     def collection(self, name: str | None) -> Collection:
@@ -428,6 +411,23 @@ def _truncated(vector: np.ndarray, dim: int | None) -> np.ndarray:
     from gemma_embed.pooling import truncate_dim
 
     return truncate_dim(torch.from_numpy(np.ascontiguousarray(vector)), dim).numpy()
+
+
+def item_error(param: str, error: ItemError, note: Callable[[str], None]) -> ApiError:
+    """A failed input as the request's answer: 400 when the input could not be read (decode, prepare); 500 when
+    the model failed on it, whose reason (sizes, the host's free memory) goes to the log, not the client."""
+    if error.stage == "encode" and error.error_type == "too-large":
+        note(f"{param}: {error.message}")
+        return ApiError(
+            413,
+            f"{param}: too long for the model to encode here (fewer tokens: --max-request-tokens, --max-text-bytes)",
+            param,
+            "input_too_large",
+        )
+    if error.stage == "encode":
+        note(f"{param}: the model failed on this input: {error.message}")
+        return ApiError(500, f"{param}: the model failed on this input", param, "encode_failed")
+    return ApiError(400, f"{param}: {error.message}", param, "invalid_input")
 
 
 def _check_image_format(data: bytes, param: str) -> None:

@@ -338,3 +338,23 @@ def test_what_keeps_a_server_from_starting_is_one_line_before_it_listens(tmp_pat
         lines = result.stderr.splitlines()
         assert result.returncode == 2 and result.stdout == "", result.stderr
         assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], lines
+
+
+def test_a_model_failure_tells_the_client_no_sizes_and_the_log_everything():
+    """The engine's too-large failure names the host's free memory (issue 47 saw "needs about 158.4 GiB ... more than
+    the 20.5 GiB free"): the client gets 413 naming the options, the log the engine's words; another model failure
+    500 without its reason; a decode failure keeps its reason (it is about the client's own bytes)."""
+    from gemma_embed.errors import ItemError
+    from gemma_embed.serve.service import item_error
+
+    logged: list[str] = []
+    words = "needs about 158.4 GiB of cpu memory to encode alone (100000 tokens), more than the 20.5 GiB free"
+    too_large = item_error("input[0]", ItemError("0/0", "encode", words, "too-large"), logged.append)
+    assert (too_large.status, too_large.code) == (413, "input_too_large")
+    assert "GiB" not in too_large.message and "--max-request-tokens" in too_large.message
+    reason = "RuntimeError: at /home/me/x.py:3"
+    failed = item_error("input[1]", ItemError("0/1", "encode", reason), logged.append)
+    assert (failed.status, failed.message) == (500, "input[1]: the model failed on this input")
+    assert logged == [f"input[0]: {words}", f"input[1]: the model failed on this input: {reason}"]
+    bad = item_error("input[2]", ItemError("0/2", "decode", "not a recognised image format"), logged.append)
+    assert (bad.status, bad.message) == (400, "input[2]: not a recognised image format")
