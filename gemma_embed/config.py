@@ -979,7 +979,7 @@ def parse_hosts(value: str | Iterable[str] | None) -> tuple[str, ...]:
     for part in parts:
         host = part.strip().lower().removeprefix("[").removesuffix("]")
         if not host or any(c in host for c in "/@ ?#"):
-            raise ValueError(f"--allowed-media-domains: give host names or addresses, got {part.strip()!r}")
+            raise ValueError(f"give host names or addresses, got {part.strip()!r}")
         hosts.append(host)
     return tuple(hosts)
 
