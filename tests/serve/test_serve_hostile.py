@@ -457,6 +457,25 @@ def test_eps_and_formats_no_browser_shows_are_refused_and_nothing_runs(served):
     assert not marker.exists()  # the `gs` on the server's PATH never ran
 
 
+def test_a_playlist_in_a_video_or_audio_item_reaches_nothing(served, listener):
+    """FFmpeg's HLS and concat demuxers open the URLs a playlist names: as a data: item (bytes, not a URL) they are
+    refused, and nothing connects to the address they name or reads the file."""
+    server = served["server"]
+    target = f"http://127.0.0.1:{listener.port}/segment.ts"
+    playlists = [
+        f"#EXTM3U\n#EXT-X-MEDIA-SEQUENCE:0\n#EXTINF:10.0,\n{target}\n#EXT-X-ENDLIST\n",
+        "#EXTM3U\n#EXT-X-MEDIA-SEQUENCE:0\n#EXTINF:10.0,\nfile:///etc/passwd\n#EXT-X-ENDLIST\n",
+        f"ffconcat version 1.0\nfile {target}\n",
+    ]
+    for modality, kind in (("video", "video/mp4"), ("audio", "audio/mpeg")):
+        for playlist in playlists:
+            url = f"data:{kind};base64," + base64.b64encode(playlist.encode()).decode()
+            status, answer = _embed(server, [url], modality)
+            assert status == 400 and answer["error"]["code"] == "invalid_input", answer
+            assert "root:" not in json.dumps(answer)
+    assert listener.connections == 0
+
+
 def test_the_batch_tool_never_opens_eps_either(tmp_path, monkeypatch):
     """A folder of a user's own files holds downloads too: EPS/PS is not listed by the folder walk and not decoded
     from bytes, even with a Ghostscript on PATH (here one that leaves a mark)."""
