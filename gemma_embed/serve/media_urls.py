@@ -21,9 +21,9 @@ guidance, vLLM's `--allowed-media-domains`):
   them is refused before the body is read (413, or 429 for the server's budget, which frees as requests end);
 - the whole fetch, redirects included, ends by its deadline (`--fetch-timeout`): a timer shuts the socket down, so a
   server that sends a byte a second cannot hold it longer;
-- fetches run in the Fetcher's own threads (`FETCH_THREADS`), never in asyncio's default pool that thumbnails,
-  `/v1/outputs` and `/v1/search` use; `close()` (the server's first SIGTERM) shuts down every socket in flight and
-  refuses new fetches, so the process ends within `--grace`.
+- fetches run in the Fetcher's own daemon threads (`FETCH_THREADS`), never in asyncio's default pool that
+  thumbnails, `/v1/outputs` and `/v1/search` use; `close()` (the server's first SIGTERM) shuts down every socket in
+  flight and refuses new fetches (a queued one fails at once), so the process ends within `--grace`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import binascii
 import concurrent.futures
 import http.client
 import ipaddress
+import queue
 import socket
 import ssl
 import threading
@@ -292,7 +293,8 @@ class Fetcher:
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False
-        self._pool = concurrent.futures.ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="gemma-embed-fetch")
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
         self._context = ssl.create_default_context()
 
     def ledger(self) -> Ledger:
@@ -300,11 +302,26 @@ class Fetcher:
 
     async def fetch(self, url: str, item_limit: int, ledger: Ledger, param: str) -> bytes:
         """The body of an http(s) URL, in the Fetcher's threads; ApiError (FETCH_FAILED, 413, 429) otherwise."""
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._pool, self._fetch, url, item_limit, ledger, param)
-        except RuntimeError:  # the pool is shut down: the server is stopping
-            raise ApiError(400, f"{param}: {FETCH_FAILED}", param, "fetch_failed") from None
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if len(self._threads) < FETCH_THREADS:
+                thread = threading.Thread(target=self._worker, name="gemma-embed-fetch", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        self._work.put((done, (url, item_limit, ledger, param)))
+        return await asyncio.wrap_future(done)
+
+    def _worker(self) -> None:
+        """One of the Fetcher's threads: daemon threads, so a name that takes its DNS server a minute to resolve
+        cannot keep the process past --grace (a ThreadPoolExecutor's threads are joined at exit)."""
+        while True:
+            done, args = self._work.get()
+            if not done.set_running_or_notify_cancel():
+                continue
+            try:
+                done.set_result(self._fetch(*args))
+            except BaseException as exc:  # noqa: BLE001 - the request's task raises it
+                done.set_exception(exc)
 
     def close(self) -> None:
         """Refuse new fetches and end those in flight now (their sockets shut down)."""
@@ -313,7 +330,6 @@ class Fetcher:
             sockets = list(self._open)
         for sock in sockets:
             _shut(sock)
-        self._pool.shutdown(wait=False)  # a fetch still queued finds the Fetcher closed and fails at once
 
     # --------------------------------------------------------------------------- in a fetch thread
     def _opened(self, sock: socket.socket) -> None:
