@@ -249,7 +249,7 @@ class Service:
         routes = [self._route(w.modality, prompt_name) for w in wanted]
         ledger = self.fetcher.ledger()
         try:
-            sources = await self.sources(wanted, ledger)
+            sources = await unless_gone(self.sources(wanted, ledger), until_gone)
             results = await self._run(routes, sources, until_gone)
         finally:
             ledger.release()
@@ -348,7 +348,7 @@ class Service:
             self.check_limits([query])
             ledger = self.fetcher.ledger()
             try:
-                sources = await self.sources([query], ledger)
+                sources = await unless_gone(self.sources([query], ledger), until_gone)
                 (result,) = await self._run([RouteKey.of(query.modality, **options)], sources, until_gone)
             finally:
                 ledger.release()
@@ -358,6 +358,23 @@ class Service:
         except UsageError as exc:  # a vector of another width
             raise invalid(str(exc), "vector") from None
         return collection, hits
+
+
+async def unless_gone(work: Awaitable[Any], until_gone: Callable[[], Awaitable[Any]]):
+    """`work`'s result, or ClientGone once `until_gone()` returns first (`work` is then cancelled: a request's
+    fetches end at their next chunk, its ledger given back)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(until_gone())
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            raise ClientGone()
+        return task.result()
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
 
 
 async def wait_for_jobs(batcher: Batcher, jobs: list[Job], until_gone: Callable[[], Awaitable[Any]]) -> list:

@@ -547,6 +547,29 @@ def test_a_loopback_server_answers_only_its_own_host_names(served):
         assert call(server, "GET", "/v1/models", headers={"Host": host})[0] == 200, host
 
 
+def test_a_client_that_leaves_ends_its_fetches(served):
+    """A client that closes its connection while its URL drips: the request ends then (499 in the access log), and
+    its fetch ends at the next byte because its ledger was given back (the server's note says so), not at
+    --fetch-timeout."""
+    import http.client
+    import time
+
+    server, site = served["server"], served["site"]
+    site.wait(lambda: site.dripping == 0)
+    connection = http.client.HTTPConnection(*server.address, timeout=60)
+    body = json.dumps({"input": [f"{site.url}/drip?size=1000&n=leaves"], "modality": "image"})
+    connection.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
+    site.wait(lambda: site.dripping == 1)
+    connection.close()  # gone without its answer
+    site.wait(lambda: site.dripping == 0)
+    needle = "fetch refused or failed: its request has ended"
+    deadline = time.monotonic() + 60
+    while not any(needle in line for line in list(server.stderr)):
+        assert time.monotonic() < deadline, f"no stderr line with {needle!r}"
+        time.sleep(0.05)  # polling the reader thread's list, for the line itself (as test_serve.py does)
+    assert any('"POST /v1/embeddings HTTP/1.1" 499' in line for line in server.stderr)
+
+
 # ------------------------------------------------------------------------------------------ stopping
 
 
