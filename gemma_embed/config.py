@@ -521,8 +521,8 @@ class RunConfig:
     )
     max_text_bytes: int = option(
         TEXT_BYTES_DEFAULT,
-        "Text size cap (default 256KiB): a longer text is cut or skipped.",
-        commands=("text", "plan"),
+        "Text size cap (default 256KiB): a longer text is cut or skipped (serve: refused, 413).",
+        commands=("text", "plan", SERVE),
         panel=ROBUSTNESS,
         cli_type=str,
         cli_default="256KiB",
@@ -969,6 +969,21 @@ def request_size(value: str | int | None) -> int:
     return parsed
 
 
+def parse_hosts(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    """--allowed-media-domains HOST[,HOST...]: host names or IP literals as a URL writes them (lowercased, an IPv6
+    literal without its brackets), in the order given."""
+    if value is None:
+        return ()
+    parts = value.split(",") if isinstance(value, str) else [p for v in value for p in str(v).split(",")]
+    hosts = []
+    for part in parts:
+        host = part.strip().lower().removeprefix("[").removesuffix("]")
+        if not host or any(c in host for c in "/@ ?#"):
+            raise ValueError(f"give host names or addresses, got {part.strip()!r}")
+        hosts.append(host)
+    return tuple(hosts)
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """How the server listens, whom it answers and how much it holds; the model is a RunConfig's."""
@@ -1023,11 +1038,74 @@ class ServeConfig:
         check=at_least(0),
         metavar="S",
     )
+    max_client_batch_size: int = option(
+        256,
+        "Inputs in one request at most; more gets 413 (text-embeddings-inference's name).",
+        commands=(SERVE,),
+        panel=SERVER,
+        check=at_least(1),
+        metavar="N",
+    )
+    max_request_tokens: int = option(
+        16384,
+        "Token ids given in one request at most (all its inputs together); more gets 413.",
+        commands=(SERVE,),
+        panel=SERVER,
+        check=at_least(1),
+        metavar="N",
+    )
+    allowed_media_domains: tuple[str, ...] = option(
+        (),
+        "Fetch media URLs of these hosts only, whatever address they have (default: any host whose addresses are "
+        "all public).",
+        commands=(SERVE,),
+        panel=SERVER,
+        cli_type=str | None,
+        parse=parse_hosts,
+        metavar="HOST[,HOST...]",
+    )
+    max_fetch_bytes: int = option(
+        64 * MIB,
+        "Bytes of media URLs one request may fetch, counted as they arrive.",
+        commands=(SERVE,),
+        panel=SERVER,
+        cli_type=str,
+        cli_default="64MiB",
+        parse=request_size,
+        metavar="SIZE",
+    )
+    fetch_budget: int = option(
+        256 * MIB,
+        "Bytes of media URLs the whole server holds at once; a fetch past it gets 429.",
+        commands=(SERVE,),
+        panel=SERVER,
+        cli_type=str,
+        cli_default="256MiB",
+        parse=request_size,
+        metavar="SIZE",
+    )
+    fetch_timeout: float = option(
+        30.0,
+        "Seconds a media URL's whole fetch may take, redirects included.",
+        commands=(SERVE,),
+        panel=SERVER,
+        check=at_least(0.001),
+        metavar="S",
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outputs", parse_outputs(self.outputs))
-        object.__setattr__(self, "max_request_bytes", request_size(self.max_request_bytes))
-        for name, check in (("port", port_number), ("queue_size", at_least(1)), ("grace", at_least(0))):
+        for name in ("max_request_bytes", "max_fetch_bytes", "fetch_budget"):
+            object.__setattr__(self, name, request_size(getattr(self, name)))
+        object.__setattr__(self, "allowed_media_domains", parse_hosts(self.allowed_media_domains))
+        for name, check in (
+            ("port", port_number),
+            ("queue_size", at_least(1)),
+            ("grace", at_least(0)),
+            ("max_client_batch_size", at_least(1)),
+            ("max_request_tokens", at_least(1)),
+            ("fetch_timeout", at_least(0.001)),
+        ):
             try:
                 check(getattr(self, name))
             except ValueError as exc:

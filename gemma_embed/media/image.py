@@ -29,6 +29,14 @@ MAX_PIXELS = Image.MAX_IMAGE_PIXELS or MAX_PIXELS
 
 # Formats Pillow registers but cannot decode here, by reason (see `extensions`).
 IDENTIFY_ONLY = {"MPEG"}  # Pillow reads an MPEG file's header only; videos go to `gemma-embed video`
+# Formats whose Pillow plugin runs an outside program on the file: EPS (and PS, the same plugin) starts Ghostscript,
+# a PostScript interpreter with a long record of code execution from crafted files. Never opened, by the batch
+# tool or the server: a folder of a user's own files holds downloads and attachments too, and an image embedding
+# of a PostScript drawing is not worth running an interpreter on it (docs/inputs.md).
+RUNS_A_PROGRAM = frozenset({"EPS"})
+# What the server opens from its clients: the formats a browser shows (AVIF where this Pillow reads it). The rest
+# of Pillow's decoders (TIFF, PCX, ICNS, SGI, ...) are code a client could reach that no web page needs.
+BROWSER_FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP", "AVIF")
 
 
 class ImageDecodeError(ValueError):
@@ -78,7 +86,7 @@ def decode_image(content: str | bytes, max_pixels: int = MAX_PIXELS) -> DecodedI
     converts; ImageDecodeError with a one-line reason otherwise. Pillow tells formats by their content, so bytes
     need no name."""
     try:
-        with Image.open(as_file(content)) as img:
+        with Image.open(as_file(content), formats=opened_formats()) as img:
             width, height = img.size
             if width * height > max_pixels:
                 raise ImageDecodeError(
@@ -107,6 +115,28 @@ def decode_image(content: str | bytes, max_pixels: int = MAX_PIXELS) -> DecodedI
         raise ImageDecodeError(f"cannot decode image: {_with_library_cause(reason)}") from None
     except (ValueError, SyntaxError, KeyError, EOFError) as exc:
         raise ImageDecodeError(f"cannot decode image: {_with_library_cause(str(exc) or type(exc).__name__)}") from None
+
+
+def opened_formats() -> list[str]:
+    """Every format Pillow registers, less those that run an outside program (RUNS_A_PROGRAM); the common ones
+    first, as Pillow's own open tries them (its preinit set) before loading and trying every other plugin."""
+    Image.init()
+    common = [fmt for fmt in ("BMP", "GIF", "JPEG", "PPM", "PNG") if fmt in Image.ID]
+    return common + [fmt for fmt in Image.ID if fmt not in RUNS_A_PROGRAM and fmt not in common]
+
+
+def browser_format(data: bytes) -> str | None:
+    """The format of an image's bytes when it is one a browser shows (BROWSER_FORMATS), else None. Pillow reads the
+    header only, trying those formats' openers and no other (no pixel is decoded here)."""
+    import io
+
+    Image.init()
+    formats = [fmt for fmt in BROWSER_FORMATS if fmt in Image.OPEN]
+    try:
+        with Image.open(io.BytesIO(data), formats=formats) as img:
+            return img.format
+    except Exception:  # noqa: BLE001 - whatever the header is, it is not one of those formats
+        return None
 
 
 def decode_image_value(value) -> DecodedImage:
@@ -138,11 +168,9 @@ def extensions() -> set[str]:
 
     From `Image.registered_extensions()`, keeping formats with an opener (MPO files open through the JPEG
     opener), and leaving out what cannot decode on this machine: save-only formats (PDF, PALM), stub formats
-    with no handler installed (BUFR, GRIB, HDF5, and WMF/EMF off Windows), EPS/PS without Ghostscript, and
-    identify-only MPEG.
+    with no handler installed (BUFR, GRIB, HDF5, and WMF/EMF off Windows), EPS/PS (RUNS_A_PROGRAM: never, even
+    with Ghostscript installed), and identify-only MPEG.
     """
-    from PIL import EpsImagePlugin
-
     Image.init()
     found = set()
     for ext, fmt in Image.registered_extensions().items():
@@ -159,7 +187,7 @@ def extensions() -> set[str]:
             module = __import__(factory.__module__, fromlist=["_handler"])
             if getattr(module, "_handler", None) is None:
                 continue
-        if fmt == "EPS" and not EpsImagePlugin.has_ghostscript():
+        if fmt in RUNS_A_PROGRAM:
             continue
         found.add(ext.lower())
     return found

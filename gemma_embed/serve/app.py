@@ -44,8 +44,47 @@ def _problem(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
+def check_json_type(request: Request) -> None:
+    """A POST's body must say it is JSON (415 otherwise): a web page can send text/plain or a form to a server on
+    its user's machine without asking first (no CORS preflight), but not application/json."""
+    kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if kind != "application/json":
+        raise ApiError(
+            415,
+            f"send the body as Content-Type: application/json (got {printable_header(kind) or 'none'})",
+            code="unsupported_media_type",
+        )
+
+
+def printable_header(value: str) -> str:
+    from gemma_embed.terminal import printable
+
+    return printable(value[:60])
+
+
+def check_strings(value) -> None:
+    """400 when any string of a parsed body holds a lone surrogate (JSON's \\ud800 escape), which no text can be
+    encoded with; walked without recursion (the parser has bounded the depth)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise invalid("the request body holds a lone surrogate (\\ud800-\\udfff): not text") from None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
 async def read_json(request: Request, limit: int):
-    """The body as JSON, refused (413) past `limit` bytes before more is read."""
+    """The body as JSON (415 unless it says so), refused (413) past `limit` bytes before more is read; 400 for a
+    body that is not JSON, is not UTF-8, nests deeper than Python's parser goes or holds a lone surrogate."""
+    check_json_type(request)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body is {declared} bytes, over the {limit} allowed", code="request_too_large")
@@ -59,9 +98,15 @@ async def read_json(request: Request, limit: int):
     except ClientDisconnect:
         raise ClientGone() from None
     try:
-        return json.loads(b"".join(chunks))
-    except (ValueError, UnicodeDecodeError):
+        body = json.loads(b"".join(chunks))
+    except RecursionError:
+        raise invalid("the request body nests too deeply") from None
+    except UnicodeDecodeError:
+        raise invalid("the request body is not valid UTF-8") from None
+    except ValueError:
         raise invalid("the request body is not valid JSON") from None
+    check_strings(body)
+    return body
 
 
 def until_gone(request: Request):
@@ -79,8 +124,16 @@ def until_gone(request: Request):
 class Gate:
     """Key check, security headers, access log and request metrics around the application (plain ASGI)."""
 
-    def __init__(self, app, key: str | None, metrics: Metrics, log: Callable[[str], None] | None):
+    def __init__(
+        self,
+        app,
+        key: str | None,
+        metrics: Metrics,
+        log: Callable[[str], None] | None,
+        hosts: frozenset[str] | None = None,
+    ):
         self.app, self.key, self.metrics, self.log = app, key, metrics, log
+        self.hosts = hosts  # the Host values taken (a server on a loopback address), None: any
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -97,7 +150,9 @@ class Gate:
             await send(message)
 
         try:
-            if self.key is not None and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
+            if self.hosts is not None and self._host(scope) not in self.hosts:
+                await self._misdirected(scope, receive, sending)
+            elif self.key is not None and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
                 await self._refuse(scope, receive, sending)
             else:
                 await self.app(scope, receive, sending)
@@ -107,6 +162,16 @@ class Gate:
     def _authorized(self, scope) -> bool:
         header = next((v for k, v in scope.get("headers", []) if k == b"authorization"), None)
         return key_matches(header.decode("latin-1") if header is not None else None, self.key)
+
+    @staticmethod
+    def _host(scope) -> str:
+        header = next((v for k, v in scope.get("headers", []) if k == b"host"), b"")
+        return header.decode("latin-1").lower()
+
+    async def _misdirected(self, scope, receive, send) -> None:
+        """A Host that is not this loopback server's (DNS rebinding: a web page's name pointed at 127.0.0.1)."""
+        error = ApiError(421, "the Host header does not name this server", code="misdirected_request")
+        await JSONResponse(error.body(), status_code=421)(scope, receive, send)
 
     async def _refuse(self, scope, receive, send) -> None:
         error = ApiError(401, "a valid API key is needed: Authorization: Bearer KEY", code="invalid_api_key")
@@ -130,8 +195,26 @@ class Gate:
             )
 
 
-def make_app(service: Service, metrics: Metrics, log: Callable[[str], None] | None = None):
-    """The ASGI application of a service: FastAPI's routes inside the Gate."""
+def loopback_hosts(host: str, port: int) -> frozenset[str] | None:
+    """The Host values a server bound to a loopback address takes (its names with its port; without it on port 80);
+    None for any other address (a name there is the operator's to choose)."""
+    import ipaddress
+
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        return None
+    names = ("localhost", "127.0.0.1", "[::1]")
+    return frozenset(f"{name}:{port}" for name in names) | (frozenset(names) if port == 80 else frozenset())
+
+
+def make_app(
+    service: Service, metrics: Metrics, log: Callable[[str], None] | None = None, hosts: frozenset[str] | None = None
+):
+    """The ASGI application of a service: FastAPI's routes inside the Gate (`hosts`: the Host values taken, None:
+    any)."""
     app = FastAPI(title="gemma-embed", docs_url=None, redoc_url=None, openapi_url=None)
     limit = service.settings.max_request_bytes
 
@@ -222,4 +305,4 @@ def make_app(service: Service, metrics: Metrics, log: Callable[[str], None] | No
             raise ApiError(404, "no such file", code="not_found")
         return Response(gallery.asset(name), media_type=gallery.STATIC_TYPES[name])
 
-    return Gate(app, service.settings.key(), metrics, log)
+    return Gate(app, service.settings.key(), metrics, log, hosts)

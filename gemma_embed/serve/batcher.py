@@ -6,7 +6,9 @@ route, in arrival order, and sends all their items through one `Embedder.embed_s
 prepared and encoded together, in the same windows, token-budget batches and resolution buckets as a
 `gemma-embed text` or `images` run, and each item's pooled rows come back through the `Sink` by its key. Keys are
 made here (job number / position), so an item's rows can only reach the job and the slot that sent it. Jobs of
-another route wait for the next window.
+another route wait for the next window. A window takes at most one job of each request (the jobs admitted together
+by one `submit_many`): the server cuts a large request into jobs of a few items (service.py: CHUNK_ITEMS), so the
+requests that arrive after it share every window with it instead of waiting for all of it.
 
 Admission is bounded in items (`capacity`): a job that would take the items admitted and not yet answered over it is
 refused (`QueueFull`, the server's 429 with a Retry-After from the measured rate); a job larger than the whole
@@ -82,6 +84,7 @@ class Job:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     cancelled: bool = False
     started: float = 0.0  # when its window began (monotonic)
+    request: int = -1  # the jobs admitted together (one request) share it; a window takes one of them
 
     @property
     def size(self) -> int:
@@ -159,6 +162,7 @@ class Batcher:
         self._admitted = 0  # items of jobs taken and not yet answered (waiting or encoding)
         self._closing = False
         self._numbers = itertools.count()
+        self._requests = itertools.count()
         self._rate = 0.0  # items a second, from the windows so far
         self._thread = threading.Thread(target=self._work, name="gemma-embed-model", daemon=True)
 
@@ -186,10 +190,11 @@ class Batcher:
             if self._admitted + total > self.capacity:
                 raise QueueFull(self._retry_after())
             jobs = []
+            request = next(self._requests)
             for route, sources in parts:
                 number = next(self._numbers)
                 keyed = [_rekeyed(source, item_key(number, i)) for i, source in enumerate(sources)]
-                jobs.append(Job(number, route, keyed))
+                jobs.append(Job(number, route, keyed, request=request))
             self._pending.extend(jobs)
             self._admitted += total
             self.observer.queued(self._admitted)
@@ -249,7 +254,11 @@ class Batcher:
                 if not self._pending:
                     return
                 route = self._pending[0].route
-                jobs = [job for job in self._pending if job.route == route]
+                jobs, requests = [], set()
+                for job in self._pending:  # one job of each request: a large request's next one waits its turn
+                    if job.route == route and job.request not in requests:
+                        jobs.append(job)
+                        requests.add(job.request)
                 for job in jobs:
                     self._pending.remove(job)
             self._encode(route, jobs)

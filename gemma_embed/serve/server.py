@@ -23,7 +23,7 @@ import uvicorn
 
 from gemma_embed.config import RunConfig
 from gemma_embed.errors import UsageError
-from gemma_embed.serve.app import make_app
+from gemma_embed.serve.app import loopback_hosts, make_app
 from gemma_embed.serve.collections import open_collections
 from gemma_embed.serve.metrics import Metrics
 from gemma_embed.serve.service import Service
@@ -78,9 +78,9 @@ def run(
         if log is not None:
             log(f"note: {config.model} loaded in {time.monotonic() - started:.1f} s: ready")
 
-    service = Service(config, settings, collections, metrics, on_ready)
-    app = make_app(service, metrics, log)
+    service = Service(config, settings, collections, metrics, on_ready, log)
     sock = _bind(settings.host, settings.port)
+    app = make_app(service, metrics, log, loopback_hosts(settings.host, sock.getsockname()[1]))
     uvicorn_config = uvicorn.Config(
         app,
         lifespan="off",
@@ -91,7 +91,7 @@ def run(
         timeout_keep_alive=5,
         server_header=False,
     )
-    server = _Server(uvicorn_config)
+    server = _Server(uvicorn_config, on_stop=service.stop_fetching)
     _route_uvicorn_logs(log)
     url = _url(sock)
     service.start()
@@ -105,7 +105,8 @@ def run(
     finally:
         sock.close()
         stopping = time.monotonic()
-        service.close(timeout=max(0.0, settings.grace))
+        since = server.stop_asked or stopping  # the grace counts from the signal
+        service.close(timeout=max(0.0, settings.grace - (stopping - since)))
     failure = service.batcher.failure
     if failure is not None:
         if isinstance(failure, UsageError):
@@ -153,7 +154,13 @@ def _route_uvicorn_logs(log: Callable[[str], None] | None) -> None:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's Server with the tool's signal handling (see the module's docstring)."""
+    """uvicorn's Server with the tool's signal handling (see the module's docstring). `on_stop` runs (in a thread of
+    its own) at the first signal: the media fetches in flight end then, not when the grace runs out."""
+
+    def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None] | None = None):
+        super().__init__(config)
+        self.on_stop = on_stop
+        self.stop_asked: float | None = None
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -165,6 +172,10 @@ class _Server(uvicorn.Server):
             if self.should_exit:
                 self.force_exit = True  # a second signal: stop waiting for what is in flight
             self.should_exit = True
+            if self.stop_asked is None:
+                self.stop_asked = time.monotonic()
+                if self.on_stop is not None:
+                    threading.Thread(target=self.on_stop, name="gemma-embed-stop", daemon=True).start()
 
         previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
         try:

@@ -22,12 +22,16 @@ from gemma_embed.config import RunConfig
 from gemma_embed.errors import GemmaEmbedError, ItemError, UsageError
 from gemma_embed.serve.batcher import Batcher, Closed, Job, QueueFull, RouteKey, TooLarge
 from gemma_embed.serve.collections import Collection, Item
-from gemma_embed.serve.media_urls import media_bytes, too_large
+from gemma_embed.serve.media_urls import Fetcher, Ledger, check_scheme, data_url_bytes, too_large
 from gemma_embed.serve.openai_shapes import ApiError, SearchRequest, Wanted, invalid
 from gemma_embed.serve.settings import ServeConfig
+from gemma_embed.sizes import human_bytes
 from gemma_embed.sources.base import Source
 
 RETRY_SOON = {"Retry-After": "1"}
+# A request's items of one route go to the queue in jobs of at most this many; the worker takes one job of each
+# request a window (batcher.py), so a large request shares the model with the requests that come after it.
+CHUNK_ITEMS = 32
 
 
 class ClientGone(Exception):
@@ -44,6 +48,7 @@ class Service:
         collections: dict[str, Collection],
         observer=None,
         on_ready: Callable[[BaseException | None], None] | None = None,
+        log: Callable[[str], None] | None = None,
     ):
         self.config = config
         self.settings = settings
@@ -56,7 +61,16 @@ class Service:
         self.refused: dict[str, str] = {}  # modality -> why this checkpoint cannot embed it
         self.query_prompt: str | None = None  # the checkpoint's `query` prompt, for text searches
         self.item_limit = config.collection.with_item_limit().max_item_bytes
+        self.text_limit = config.collection.max_text_bytes
         self.batcher = Batcher(self._load, settings.queue_size, observer, on_ready)
+        self.log = log
+        self.fetcher = Fetcher(
+            settings.allowed_media_domains,
+            settings.max_fetch_bytes,
+            settings.fetch_budget,
+            settings.fetch_timeout,
+            log=log,
+        )
 
     # ------------------------------------------------------------------------------------------ start, stop
     def start(self) -> None:
@@ -66,7 +80,12 @@ class Service:
     def ready(self) -> bool:
         return self.batcher.ready.is_set() and self.batcher.failure is None
 
+    def stop_fetching(self) -> None:
+        """End the fetches in flight and refuse new ones (the first SIGTERM)."""
+        self.fetcher.close()
+
     def close(self, timeout: float | None) -> bool:
+        self.fetcher.close()
         return self.batcher.close(timeout)
 
     def _load(self):
@@ -148,22 +167,64 @@ class Service:
             if dimensions > width:
                 raise invalid(f"dimensions: at most {width} for this model, got {dimensions}", "dimensions")
 
-    async def sources(self, wanted: list[Wanted]) -> list[Source]:
-        """Each input as the engine takes it: text as a line's bytes, token ids as they are, media fetched or
-        decoded from its URL (in threads: an http(s) fetch blocks)."""
+    def check_limits(self, wanted: list[Wanted]) -> None:
+        """A request's size against the server's per-request limits (413 naming the limit and its option), before
+        anything is fetched, decoded or queued."""
+        settings = self.settings
+        if len(wanted) > settings.max_client_batch_size:
+            raise ApiError(
+                413,
+                f"the request has {len(wanted)} inputs, over the {settings.max_client_batch_size} one request may "
+                "have (--max-client-batch-size)",
+                "input",
+                "too_many_inputs",
+            )
+        tokens = sum(len(w.ids) for w in wanted if w.ids is not None)
+        if tokens > settings.max_request_tokens:
+            raise ApiError(
+                413,
+                f"the request gives {tokens} token ids, over the {settings.max_request_tokens} one request may give "
+                "(--max-request-tokens)",
+                "input",
+                "too_many_tokens",
+            )
+        for w in wanted:
+            if w.text is not None and len(w.text) * 4 > self.text_limit:  # 4: the most bytes a character takes
+                size = len(w.text.encode("utf-8"))
+                if size > self.text_limit:
+                    raise ApiError(
+                        413,
+                        f"{w.param} is a text of {human_bytes(size)}, over the {human_bytes(self.text_limit)} a text "
+                        "may have (--max-text-bytes)",
+                        w.param,
+                        "text_too_long",
+                    )
+
+    async def sources(self, wanted: list[Wanted], ledger: Ledger) -> list[Source]:
+        """Each input as the engine takes it: text as a line's bytes, token ids as they are, media decoded from its
+        data: URL or fetched by the Fetcher (its own threads, counted in `ledger`); an image must be in a format a
+        browser shows (media/image.py: BROWSER_FORMATS)."""
         from gemma_embed.models.base import TokenIds
+
+        for w in wanted:
+            if w.url is not None:
+                check_scheme(w.url, w.param)
 
         async def one(w: Wanted) -> Source:
             if w.text is not None:
                 return Source(w.param, w.param, data=w.text.encode("utf-8"))
             if w.ids is not None:
                 return Source(w.param, w.param, value=TokenIds(w.ids))
-            if w.data is None:
-                data = await asyncio.to_thread(media_bytes, w.url, self.item_limit, w.param)
-            elif len(w.data) > self.item_limit:
-                raise too_large(len(w.data), self.item_limit, w.param)
-            else:
+            if w.data is not None:
                 data = w.data
+                if len(data) > self.item_limit:
+                    raise too_large(len(data), self.item_limit, w.param)
+            elif w.url is not None and check_scheme(w.url, w.param) == "data":
+                data = data_url_bytes(w.url, self.item_limit, w.param)
+            else:
+                data = await self.fetcher.fetch(str(w.url), self.item_limit, ledger, w.param)
+            if w.modality == "images":
+                await asyncio.to_thread(_check_image_format, data, w.param)
             return Source(w.param, w.param, data=data)
 
         return list(await asyncio.gather(*(one(w) for w in wanted)))
@@ -183,19 +244,28 @@ class Service:
     ) -> tuple[list[np.ndarray], int]:
         """Every input's vector, in order, and the tokens the model read (OpenAI's usage)."""
         self._check_ready()
+        self.check_limits(wanted)
         self.check_dimensions(wanted, dimensions)
         routes = [self._route(w.modality, prompt_name) for w in wanted]
-        sources = await self.sources(wanted)
-        results = await self._run(routes, sources, until_gone)
+        ledger = self.fetcher.ledger()
+        try:
+            sources = await unless_gone(self.sources(wanted, ledger), until_gone)
+            results = await self._run(routes, sources, until_gone)
+        finally:
+            ledger.release()
         return [_truncated(r.vector, dimensions) for r in results], sum(r.tokens for r in results)
 
     async def _run(self, routes: list[RouteKey], sources: list[Source], until_gone) -> list:
-        """Sources through the queue (one job per route, admitted together), each one's result in order; an item
-        that failed is the request's error, naming its input."""
+        """Sources through the queue (jobs of one route and at most CHUNK_ITEMS items, admitted together), each
+        one's result in order; an item that failed is the request's error, naming its input."""
         parts: dict[RouteKey, list[int]] = {}
         for place, route in enumerate(routes):
             parts.setdefault(route, []).append(place)
-        order = list(parts.items())
+        order = [
+            (route, places[start : start + CHUNK_ITEMS])
+            for route, places in parts.items()
+            for start in range(0, len(places), CHUNK_ITEMS)
+        ]
         try:
             jobs = self.batcher.submit_many([(route, [sources[p] for p in places]) for route, places in order])
         except TooLarge as exc:
@@ -208,15 +278,20 @@ class Service:
             answers = await wait_for_jobs(self.batcher, jobs, until_gone)
         except UsageError as exc:  # the route cannot run (a prompt name the checkpoint lacks)
             raise invalid(str(exc)) from None
-        except GemmaEmbedError as exc:  # the device failed
-            raise ApiError(500, str(exc), code="model_failed") from None
+        except GemmaEmbedError as exc:  # the device failed: its reason is the server's log's, not the client's
+            self._note(f"the model failed: {exc}")
+            raise ApiError(500, "the model failed on this request", code="model_failed") from None
         results: list = [None] * len(sources)
         for (_, places), answer in zip(order, answers, strict=True):
             for place, result in zip(places, answer, strict=True):
                 if isinstance(result, ItemError):
-                    raise _item_error(sources[place].path, result)
+                    raise item_error(sources[place].path, result, self._note)
                 results[place] = result
         return results
+
+    def _note(self, line: str) -> None:
+        if self.log is not None:
+            self.log(f"note: {' '.join(line.split())}")
 
     # ------------------------------------------------------------------------------------------ search
     def collection(self, name: str | None) -> Collection:
@@ -270,14 +345,36 @@ class Service:
                     "input",
                 )
             options = self._query_options(collection, query.modality, request.prompt_name)
-            sources = await self.sources([query])
-            (result,) = await self._run([RouteKey.of(query.modality, **options)], sources, until_gone)
+            self.check_limits([query])
+            ledger = self.fetcher.ledger()
+            try:
+                sources = await unless_gone(self.sources([query], ledger), until_gone)
+                (result,) = await self._run([RouteKey.of(query.modality, **options)], sources, until_gone)
+            finally:
+                ledger.release()
             vector = _truncated(result.vector, collection.dim)
         try:
             hits = await asyncio.to_thread(collection.search, vector, request.k, request.exact)
         except UsageError as exc:  # a vector of another width
             raise invalid(str(exc), "vector") from None
         return collection, hits
+
+
+async def unless_gone(work: Awaitable[Any], until_gone: Callable[[], Awaitable[Any]]):
+    """`work`'s result, or ClientGone once `until_gone()` returns first (`work` is then cancelled: a request's
+    fetches end at their next chunk, its ledger given back)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(until_gone())
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            raise ClientGone()
+        return task.result()
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
 
 
 async def wait_for_jobs(batcher: Batcher, jobs: list[Job], until_gone: Callable[[], Awaitable[Any]]) -> list:
@@ -333,12 +430,30 @@ def _truncated(vector: np.ndarray, dim: int | None) -> np.ndarray:
     return truncate_dim(torch.from_numpy(np.ascontiguousarray(vector)), dim).numpy()
 
 
-def _item_error(param: str, error: ItemError) -> ApiError:
-    """A failed input as the request's answer: 400 when the input could not be read (decode, prepare), 500 when the
-    model failed on it."""
+def item_error(param: str, error: ItemError, note: Callable[[str], None]) -> ApiError:
+    """A failed input as the request's answer: 400 when the input could not be read (decode, prepare); 500 when
+    the model failed on it, whose reason (sizes, the host's free memory) goes to the log, not the client."""
+    if error.stage == "encode" and error.error_type == "too-large":
+        note(f"{param}: {error.message}")
+        return ApiError(
+            413,
+            f"{param}: too long for the model to encode here (fewer tokens: --max-request-tokens, --max-text-bytes)",
+            param,
+            "input_too_large",
+        )
     if error.stage == "encode":
-        return ApiError(500, f"{param}: the model failed on this input: {error.message}", param, "encode_failed")
+        note(f"{param}: the model failed on this input: {error.message}")
+        return ApiError(500, f"{param}: the model failed on this input", param, "encode_failed")
     return ApiError(400, f"{param}: {error.message}", param, "invalid_input")
+
+
+def _check_image_format(data: bytes, param: str) -> None:
+    from gemma_embed.media.image import BROWSER_FORMATS, browser_format
+
+    if browser_format(data) is None:
+        raise invalid(
+            f"{param}: not an image in a format the server takes ({', '.join(BROWSER_FORMATS)})", param, "invalid_input"
+        )
 
 
 def describe_model(service: Service) -> dict:

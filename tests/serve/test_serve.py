@@ -40,6 +40,7 @@ from serve_helpers import (
 pytestmark = pytest.mark.serve
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
+from gemma_embed.serve.media_urls import FETCH_FAILED  # noqa: E402 - after the extra is known to be there
 
 KEY = "k-" + secrets.token_hex(12)
 MODEL = str(TINY_EG2)
@@ -74,7 +75,7 @@ def served(tmp_path_factory):
     finish(run_cli("index", str(gallery), "--kind", "hnsw", "-q"))  # searched through faiss, as `search` does
     server = ServerProcess(
         "--model", MODEL, "--output", str(gallery), "--queue-size", str(QUEUE),
-        "--max-item-bytes", "300KiB", "--max-request-bytes", "2MiB",
+        "--max-item-bytes", "300KiB", "--max-request-bytes", "2MiB", "--allowed-media-domains", "127.0.0.1",
         env={"GEMMA_EMBED_API_KEY": KEY},
     )  # fmt: skip
     try:
@@ -268,8 +269,9 @@ def test_images_by_data_url_and_http_url_give_the_command_lines_vectors(served, 
     assert np.abs(got[0] - vectors[2]).max() <= TOLERANCE
     assert np.abs(got[1] - texts[0]).max() <= TOLERANCE
     assert np.abs(got[2] - vectors[1]).max() <= TOLERANCE
-    with pytest.raises(openai.BadRequestError, match="404"):
+    with pytest.raises(openai.BadRequestError) as missing:  # a 404 is told as every failed fetch is
         client.embeddings.create(model=MODEL, input=[f"{image_site}/missing.png"], extra_body={"modality": "image"})
+    assert missing.value.body["message"] == f"input[0]: {FETCH_FAILED}"
 
 
 def test_search_by_text_image_and_vector_ranks_as_numpy_does(served, client):

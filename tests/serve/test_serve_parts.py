@@ -262,25 +262,48 @@ def test_base64_vectors_are_little_endian_float32():
 
 
 def test_data_urls_are_decoded_within_the_item_limit_and_other_schemes_refused():
-    from gemma_embed.serve.media_urls import media_bytes
+    from gemma_embed.serve.media_urls import check_scheme, data_url_bytes
     from gemma_embed.serve.openai_shapes import ApiError
 
     payload = bytes(range(256)) * 4
     encoded = "data:application/octet-stream;base64," + base64.b64encode(payload).decode()
-    assert media_bytes(encoded, 4096, "input") == payload
-    assert media_bytes("data:,a%20b", 100, "input") == b"a b"
+    assert data_url_bytes(encoded, 4096, "input") == payload
+    assert data_url_bytes("data:,a%20b", 100, "input") == b"a b"
     for url, status, code in [
         (encoded, 413, "item_too_large"),  # 1024 bytes over a 1000-byte limit
         ("data:image/png;base64,@@@", 400, None),
-        ("file:///etc/passwd", 400, "unsupported_url"),
-        ("/etc/passwd", 400, "unsupported_url"),
-        ("ftp://127.0.0.1/x", 400, "unsupported_url"),
     ]:
         with pytest.raises(ApiError) as error:
-            media_bytes(url, 1000, "input[0]")
-        assert error.value.status == status
-        if code:
-            assert error.value.code == code
+            data_url_bytes(url, 1000, "input[0]")
+        assert (error.value.status, error.value.code or code) == (status, code)
+    assert [check_scheme(u, "input") for u in ("data:,x", "HTTP://a/", "https://a/")] == ["data", "http", "https"]
+    for url in ("file:///etc/passwd", "/etc/passwd", "ftp://127.0.0.1/x", "gopher://127.0.0.1/"):
+        with pytest.raises(ApiError) as error:
+            check_scheme(url, "input[0]")
+        assert (error.value.status, error.value.code) == (400, "unsupported_url")
+
+
+def test_a_large_request_shares_every_window_with_the_requests_after_it():
+    """A request cut into jobs (service.CHUNK_ITEMS) gets one of them a window: one that arrives after it is in the
+    next window, not behind all of it."""
+    from gemma_embed.serve.batcher import Batcher, RouteKey
+
+    engine = HeldEngine()
+    batcher = Batcher(lambda: engine, capacity=100)
+    batcher.start()
+    try:
+        text = RouteKey.of("text")
+        busy = batcher.submit(text, _sources("busy"))
+        assert engine.entered.wait(10)  # held inside the first window
+        large = batcher.submit_many([(text, _sources(f"a{i}", f"a{i}+")) for i in range(3)])
+        small = batcher.submit(text, _sources("b"))
+        engine.go.set()
+        for job in [busy, *large, small]:
+            job.future.result(10)
+        assert engine.calls == [["busy"], ["a0", "a0+", "b"], ["a1", "a1+"], ["a2", "a2+"]]
+    finally:
+        engine.go.set()
+        batcher.close(10)
 
 
 def test_a_missing_extra_is_one_line_naming_it(monkeypatch):
@@ -315,3 +338,23 @@ def test_what_keeps_a_server_from_starting_is_one_line_before_it_listens(tmp_pat
         lines = result.stderr.splitlines()
         assert result.returncode == 2 and result.stdout == "", result.stderr
         assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], lines
+
+
+def test_a_model_failure_tells_the_client_no_sizes_and_the_log_everything():
+    """The engine's too-large failure names the host's free memory (issue 47 saw "needs about 158.4 GiB ... more than
+    the 20.5 GiB free"): the client gets 413 naming the options, the log the engine's words; another model failure
+    500 without its reason; a decode failure keeps its reason (it is about the client's own bytes)."""
+    from gemma_embed.errors import ItemError
+    from gemma_embed.serve.service import item_error
+
+    logged: list[str] = []
+    words = "needs about 158.4 GiB of cpu memory to encode alone (100000 tokens), more than the 20.5 GiB free"
+    too_large = item_error("input[0]", ItemError("0/0", "encode", words, "too-large"), logged.append)
+    assert (too_large.status, too_large.code) == (413, "input_too_large")
+    assert "GiB" not in too_large.message and "--max-request-tokens" in too_large.message
+    reason = "RuntimeError: at /home/me/x.py:3"
+    failed = item_error("input[1]", ItemError("0/1", "encode", reason), logged.append)
+    assert (failed.status, failed.message) == (500, "input[1]: the model failed on this input")
+    assert logged == [f"input[0]: {words}", f"input[1]: the model failed on this input: {reason}"]
+    bad = item_error("input[2]", ItemError("0/2", "decode", "not a recognised image format"), logged.append)
+    assert (bad.status, bad.message) == (400, "input[2]: not a recognised image format")
