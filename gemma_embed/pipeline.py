@@ -282,7 +282,7 @@ def _require_input(
     text files) left whole as units, for a runner whose workers find their items themselves."""
     if config.url_column is not None and config.column is not None:
         raise UsageError("--url-column names the column of URLs: leave out --column")
-    check_given_paths(config.inputs)
+    check_given_paths(config.inputs, config.modality, config.ext, plan)
     return require_input(
         _find(config, stdin, skipped, deferred),
         config.inputs,
