@@ -473,7 +473,7 @@ def _index(path: str, kind: str, metric: str, quiet: bool) -> None:
     record = build_index(output, kind, metric, Reporter(quiet=quiet))
     fields = ("kind", "requested", "metric", "settings", "recall_at_10", "reason", "seconds")
     summary = {"type": "index", "output": str(output), **{name: record[name] for name in fields if name in record}}
-    if shows_summary(quiet, sys.stdout):
+    if shows_summary(sys.stdout):
         print(json.dumps(summary, ensure_ascii=True))
 
 

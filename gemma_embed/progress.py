@@ -1,7 +1,8 @@
 """The one reporting object: rich progress on stderr, JSON on stdout, silence when asked.
 
 The library never prints anywhere else. Stderr is for people (a live bar only when it is a terminal); stdout is
-for programs: one JSON record per item with `--jsonl`, and always one final JSON summary line. Every line on
+for programs: one JSON record per item with `--jsonl`, and one final JSON summary line (onto a terminal only with
+`--jsonl`: a person there reads the summary line on stderr). Every line on
 stderr goes through `terminal.printable` (a name's control characters shown as escapes, never acted on, never
 read as rich markup); the JSON keeps names exact.
 
@@ -207,11 +208,11 @@ class Reporter:
         self._summary(plan)
 
     def _summary(self, record: dict) -> None:
-        """A command's closing record (the summary, the plan): for programs, so not onto a terminal under --quiet
+        """A command's closing record (the summary, the plan): for programs, so onto a terminal only with --jsonl
         (`terminal.shows_summary`)."""
         from gemma_embed.terminal import shows_summary
 
-        if shows_summary(self.quiet, self.stdout):
+        if shows_summary(self.stdout, asked=self.jsonl):
             self._out(record)
 
     def _stop_live(self) -> None:

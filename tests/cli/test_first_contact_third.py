@@ -122,3 +122,51 @@ def test_a_reader_that_closes_stdout_early_is_exit_0_without_a_line(text_output,
         proc = read_first_line_and_close([name, text_output, *rest])
         assert proc.wait(timeout=120) == 0
         assert proc.stderr.read() == b""
+
+
+def test_a_port_in_use_is_one_error_line_before_the_server_imports(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc, report = reporting_cli("serve", "--model", EG2, "--port", port)
+    assert proc.returncode == 2
+    assert proc.stderr == f"error: --host 127.0.0.1 --port {port}: cannot listen there: Address already in use\n"
+    assert report["imported"] == []  # before torch (and fastapi, uvicorn): at once
+
+
+def on_a_terminal(args: list, cwd) -> tuple[int, str]:
+    """The command with stdout and stderr on one pseudo-terminal, as a person runs it: its exit code and what the
+    terminal showed."""
+    import pty
+    import select
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([EXE, *map(str, args)], cwd=cwd, stdout=follower, stderr=follower)
+    os.close(follower)
+    shown = b""
+    while select.select([leader], [], [], 120)[0]:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the command closed the terminal's other side
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    return proc.wait(timeout=120), shown.decode("utf-8", "replace")
+
+
+def test_on_a_terminal_an_embed_run_shows_its_summary_line_without_the_json_record(tmp_path):
+    (tmp_path / "lines.txt").write_text("a cat\na dog\n")
+    args = ["text", "lines.txt", "--model", EG2, "-o", "out.safetensors"]
+    code, shown = on_a_terminal(args, tmp_path)
+    assert code == 0
+    assert "2 ok, 0 failed in " in shown and "-> out.safetensors" in shown  # the line for people
+    assert '"type": "summary"' not in shown
+    code, shown = on_a_terminal([*args, "--overwrite", "--jsonl"], tmp_path)  # JSON records asked for: given
+    assert code == 0 and '"type": "summary"' in shown
+    piped = subprocess.run([EXE, *map(str, args), "--overwrite"], cwd=tmp_path, capture_output=True, text=True)
+    assert piped.returncode == 0 and '"type": "summary"' in piped.stdout  # a program reading stdout gets it
