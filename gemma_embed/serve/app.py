@@ -130,6 +130,9 @@ class Gate:
             )
 
 
+ITEMS_PAGE_MAX = 1000  # the most items one `GET /v1/outputs/{name}/items` answer lists
+
+
 def make_app(service: Service, metrics: Metrics, log: Callable[[str], None] | None = None):
     """The ASGI application of a service: FastAPI's routes inside the Gate."""
     app = FastAPI(title="gemma-embed", docs_url=None, redoc_url=None, openapi_url=None)
@@ -196,6 +199,15 @@ def make_app(service: Service, metrics: Metrics, log: Callable[[str], None] | No
 
         described = await asyncio.to_thread(lambda: [c.describe() for c in service.collections.values()])
         return {"object": "list", "data": described}
+
+    @app.get("/v1/outputs/{name}/items")
+    async def items(name: str, offset: int = 0, limit: int = 24):
+        """A page of the output's items in its order (the gallery shows the first on arrival), and how many."""
+        import asyncio
+
+        collection = service.collection(name)
+        page = await asyncio.to_thread(collection.first_items, offset, min(limit, ITEMS_PAGE_MAX))
+        return {"object": "list", "output": collection.name, "total": collection.size, "data": page}
 
     @app.get("/v1/outputs/{name}/items/{place}/thumbnail")
     async def thumbnail(name: str, place: str):
