@@ -80,6 +80,7 @@ def _run(config: RunConfig, reporter: Reporter | None, stdin, own_process: bool,
             waiting = "loading the model"
             reporter.loading(config.model)
             planned = runner.load()  # every usage error first, from configs; then the weights
+            reporter.loaded(planned.device, planned.dtype)
         except Interrupted as interrupted:
             reporter.note(f"interrupted while {waiting}; nothing to save")
             result = RunResult(interrupted=str(interrupted), signum=interrupted.signum)

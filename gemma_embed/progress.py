@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import IO
 
 from gemma_embed.errors import ItemError
@@ -68,6 +69,7 @@ class Reporter:
         self._task = None
         self._status = ""
         self._loading_shown = False
+        self._loading_since: float | None = None  # when the `loading` line was shown
 
     @classmethod
     def silent(cls) -> Reporter:
@@ -81,7 +83,15 @@ class Reporter:
         line calls it before it imports torch; the run calls it again, a no-op then, for library callers."""
         if self.live and not self._loading_shown:
             self._loading_shown = True
+            self._loading_since = time.monotonic()
             self._err(f"loading {model} ...")
+
+    def loaded(self, device: str, dtype: str) -> None:
+        """`loaded in X s on DEVICE (DTYPE); encoding ...` on a terminal, once the weights are in: the line between
+        `loading` and the progress bar (the seconds before it are mostly torch's and transformers' imports)."""
+        if self.live and self._loading_since is not None:
+            seconds, self._loading_since = time.monotonic() - self._loading_since, None
+            self._err(f"loaded in {seconds:.1f} s on {device} ({dtype}); encoding ...")
 
     def start(self, description: str, result: RunResult, total: int | None = None) -> None:
         self.result = result

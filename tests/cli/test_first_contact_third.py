@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import subprocess
 
 import pytest
@@ -159,13 +160,19 @@ def on_a_terminal(args: list, cwd) -> tuple[int, str]:
     return proc.wait(timeout=120), shown.decode("utf-8", "replace")
 
 
-def test_on_a_terminal_an_embed_run_shows_its_summary_line_without_the_json_record(tmp_path):
+def test_on_a_terminal_an_embed_run_says_when_it_loaded_and_ends_without_the_json_record(tmp_path):
     (tmp_path / "lines.txt").write_text("a cat\na dog\n")
     args = ["text", "lines.txt", "--model", EG2, "-o", "out.safetensors"]
     code, shown = on_a_terminal(args, tmp_path)
     assert code == 0
     assert "2 ok, 0 failed in " in shown and "-> out.safetensors" in shown  # the line for people
     assert '"type": "summary"' not in shown
+    # Between `loading` and the end, a line once the model is in (the wait before it is imports and weights).
+    lines = [line.strip() for line in shown.replace("\r", "\n").splitlines() if line.strip()]
+    loading = lines.index(f"loading {EG2} ...")
+    loaded = next(n for n, line in enumerate(lines) if line.startswith("loaded in "))
+    assert loading < loaded < next(n for n, line in enumerate(lines) if "2 ok, 0 failed in " in line)
+    assert re.fullmatch(r"loaded in \d+\.\d s on cpu \(float32\); encoding \.\.\.", lines[loaded])
     code, shown = on_a_terminal([*args, "--overwrite", "--jsonl"], tmp_path)  # JSON records asked for: given
     assert code == 0 and '"type": "summary"' in shown
     piped = subprocess.run([EXE, *map(str, args), "--overwrite"], cwd=tmp_path, capture_output=True, text=True)
