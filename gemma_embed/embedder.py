@@ -533,6 +533,8 @@ class Embedder:
 
         family = find_family(self.checkpoint.config)
         commands = list(family.commands) if family is not None else []
+        if not commands:  # `command` says why this checkpoint runs nothing
+            self.command(Modality.text)
         kind = Modality.text if Modality.text in commands else commands[0]
         stages = self.stages(kind)
         return int(stages.chain[-1].tower.output_dims[str(stages.space)])

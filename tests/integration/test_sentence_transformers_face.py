@@ -225,3 +225,14 @@ def test_a_data_uri_is_an_image_where_the_checkpoint_embeds_images(both):
     st, embedder = both
     uri = "data:image/png;base64," + base64.b64encode(SAMPLE_FILES[0].read_bytes()).decode("ascii")
     same(st.encode(uri), embedder.encode(uri))
+
+
+def test_a_checkpoint_of_towers_answers_the_same_calls():
+    """Gemma 4's towers (no sentence-transformers files): the width `encode` gives, cosine, and a repr that says
+    what each command gives."""
+    embedder = Embedder(ROOT / "samples" / "tiny-gemma4", device="cpu")
+    vector = embedder.encode(str(SAMPLE_FILES[0]))  # no text here: a path string is the file
+    assert vector.shape == (embedder.get_sentence_embedding_dimension(),)
+    assert embedder.similarity_fn_name == "cosine"
+    assert float(embedder.similarity(vector, vector)[0, 0]) == pytest.approx(1.0, abs=1e-6)
+    assert "commands: images (language), video (language), audio (language)" in repr(embedder)
