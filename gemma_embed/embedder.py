@@ -536,8 +536,24 @@ class Embedder:
         if not commands:  # `command` says why this checkpoint runs nothing
             self.command(Modality.text)
         kind = Modality.text if Modality.text in commands else commands[0]
-        stages = self.stages(kind)
-        return int(stages.chain[-1].tower.output_dims[str(stages.space)])
+        return self.stages(kind).width
+
+    @property
+    def max_seq_length(self) -> int | None:
+        """The most tokens of a text the checkpoint reads (the rest is cut, as sentence-transformers cuts it: its
+        tokenizer's `model_max_length`, which the checkpoint's `max_seq_length` sets); None for a checkpoint that
+        embeds no text."""
+        from gemma_embed.models.registry import find_family
+
+        family = find_family(self.checkpoint.config)
+        if family is None or Modality.text not in family.commands:
+            return None
+        former = getattr(self.stages(Modality.text).preparer, "former", None)
+        return int(former.max_length) if former is not None else None
+
+    def get_max_seq_length(self) -> int | None:
+        """`max_seq_length`, as sentence-transformers' method gives it."""
+        return self.max_seq_length
 
     def get_sentence_embedding_dimension(self) -> int:
         """`get_embedding_dimension` under sentence-transformers' older name."""

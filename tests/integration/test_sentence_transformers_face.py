@@ -236,3 +236,9 @@ def test_a_checkpoint_of_towers_answers_the_same_calls():
     assert embedder.similarity_fn_name == "cosine"
     assert float(embedder.similarity(vector, vector)[0, 0]) == pytest.approx(1.0, abs=1e-6)
     assert "commands: images (language), video (language), audio (language)" in repr(embedder)
+
+
+def test_max_seq_length_is_sentence_transformers(both):
+    st, embedder = both
+    assert embedder.max_seq_length == embedder.get_max_seq_length() == st.max_seq_length == st.get_max_seq_length()
+    assert str(embedder.device) == str(st.device)
