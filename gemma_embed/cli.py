@@ -240,12 +240,33 @@ def _exits() -> Iterator[None]:
         yield
     except (typer.Exit, typer.Abort):
         raise
+    except BrokenPipeError:
+        if not _reader_gone(sys.stdout):
+            raise
+        # `gemma-embed inspect OUT | head -1`: the reader took what it wanted; the command did its work (exit 0).
+        from gemma_embed.progress import silence
+
+        silence(sys.stdout)
+        raise typer.Exit(errors.OK.code) from None
     except BaseException as exc:
         kind = errors.kind_of(exc)
         if kind is None:
             raise
         (_print_note if kind is errors.INTERRUPTED else _print_error)(errors.one_line(exc))
         raise typer.Exit(kind.exit_code(errors.signal_of(exc) if kind.adds_signal else None)) from None
+
+
+def _reader_gone(stream) -> bool:
+    """Whether `stream` is a pipe whose reader has closed it (a BrokenPipeError from elsewhere, a socket, is a
+    fault like any other)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(stream.fileno(), 0)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def exit_code(result) -> int:
@@ -258,14 +279,14 @@ def exit_code(result) -> int:
 # ------------------------------------------------------------------------------------------ embed commands
 
 
-def _require_input(config: RunConfig) -> None:
-    """Some input, and every path given exists: checked before torch is imported (a typo fails in well under a
-    second, writing nothing)."""
+def _require_input(config: RunConfig, plan: bool = False) -> None:
+    """Some input, every path given exists and no file given is another command's: checked before torch is
+    imported (a typo fails in well under a second, writing nothing)."""
     from gemma_embed.sources import check_given_paths
 
     if not config.inputs and config.dataset is None:
         raise errors.UsageError(NO_INPUT)
-    check_given_paths(config.inputs)
+    check_given_paths(config.inputs, config.modality, config.ext, plan)
 
 
 def _embed(config: RunConfig) -> None:
@@ -277,9 +298,9 @@ def _embed(config: RunConfig) -> None:
     configure_for_long_runs()  # flat peak memory over long runs, CPU forwards without page faults (memory/allocator.py)
     reporter = Reporter(quiet=config.quiet, jsonl=config.jsonl, debug=config.debug)
     # The output's lock before the pipeline imports torch (seconds on a busy machine): a second run into a busy
-    # output fails at once. `run` takes it again (re-entrant) for library callers.
+    # output fails at once. `run` takes it again (re-entrant) for library callers. Importing the pipeline imports
+    # no torch: its checks of the output and the inputs come at once, and then its `loading MODEL ...` line.
     with writer_lock(config.output, config.num_slices, config.slice_index):
-        reporter.loading(config.model)  # before torch: the pipeline's import takes seconds
         from gemma_embed.pipeline import run
 
         result = run(config, reporter, own_process=True)  # the command line owns its process: signals, fd 2
@@ -327,7 +348,7 @@ def _plan(modality: str, **options) -> None:
     from gemma_embed.progress import Reporter
 
     config = config_from(modality, options)
-    _require_input(config)
+    _require_input(config, plan=True)
     reporter = Reporter(quiet=config.quiet)
     reporter.loading(config.model)
     from gemma_embed.pipeline import plan
@@ -452,7 +473,7 @@ def _index(path: str, kind: str, metric: str, quiet: bool) -> None:
     record = build_index(output, kind, metric, Reporter(quiet=quiet))
     fields = ("kind", "requested", "metric", "settings", "recall_at_10", "reason", "seconds")
     summary = {"type": "index", "output": str(output), **{name: record[name] for name in fields if name in record}}
-    if shows_summary(quiet, sys.stdout):
+    if shows_summary(sys.stdout):
         print(json.dumps(summary, ensure_ascii=True))
 
 

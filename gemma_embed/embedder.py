@@ -138,8 +138,19 @@ class Embedder:
     `revision`.
     """
 
-    def __init__(self, model: str | os.PathLike, device: str = "auto", dtype: str = "auto", **options: Any):
-        with _python_words():
+    def __init__(
+        self,
+        model: str | os.PathLike,
+        device: str = "auto",
+        dtype: str = "auto",
+        truncate_dim: int | None = None,
+        **options: Any,
+    ):
+        if truncate_dim is not None:  # sentence-transformers' name of `dim`, as SentenceTransformer(truncate_dim=)
+            if options.get("dim") not in (None, truncate_dim):
+                raise UsageError(f"truncate_dim={truncate_dim} and dim={options['dim']}: give one of them")
+            options["dim"] = truncate_dim
+        with _python_words({"dim": "truncate_dim"} if truncate_dim is not None else None):
             self._setup(RunConfig(model=str(model), device=device, dtype=dtype, **options))
 
     @classmethod
@@ -170,6 +181,7 @@ class Embedder:
         self._commands: dict[tuple, CommandEngines] = {}
         self._towers: dict[tuple, Any] = {}  # loaded towers, shared between commands
         self._elsewhere: dict[str, Embedder] = {}  # encode(device=...): this Embedder on other devices
+        self._similarity_fn_name: str | None = None  # set by the caller; else the checkpoint's (similarity_fn_name)
 
     # ------------------------------------------------------------------------------------------ stages
     @property
@@ -352,8 +364,10 @@ class Embedder:
 
         Without `modality`, each input's kind is its type's: a PIL image is an image, audio is a pair with a rate;
         a `Path` (or a `str` where the checkpoint embeds no text) is a file, of the command whose decoders take
-        its extension; a `str` is text where the checkpoint embeds text (as in sentence-transformers: pass
-        `modality="images"` to read paths instead)."""
+        its extension. Where the checkpoint embeds text, a `str` is what sentence-transformers takes it for
+        (`sentence_transformers_modality`): a path to an existing file with one of its image, video or audio
+        extensions (or an http(s) URL so named, or a `data:image/` URI) is that file, for a checkpoint that embeds
+        that modality; any other string is text. `modality=` decides for every input instead."""
         single = is_single_input(inputs)
         with _python_words():
             results = self._embed([inputs] if single else list(inputs), modality, **options)
@@ -431,6 +445,8 @@ class Embedder:
             embedder = self._on(device)
         single = is_single_input(inputs)
         values = [inputs] if single else list(inputs)
+        if not values:  # nothing to encode: what sentence-transformers gives for it
+            return torch.zeros(0) if convert_to_tensor else (np_empty() if convert_to_numpy else [])
         options: dict[str, Any] = {
             "prompt_name": prompt_name,
             "prompt": prompt,
@@ -445,8 +461,7 @@ class Embedder:
         failed = next((r for r in rows if isinstance(r, ItemError)), None)
         if failed is not None:
             raise failed
-        width = int(rows[0].shape[-1]) if rows else 0
-        vectors = torch.stack([r.float().reshape(-1) for r in rows]) if rows else torch.zeros((0, width))
+        vectors = torch.stack([r.float().reshape(-1) for r in rows])
         if normalize_embeddings:
             vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
         if precision != "float32":
@@ -469,6 +484,119 @@ class Embedder:
     def encode_document(self, inputs: Any, **options: Any):
         """`encode` with the checkpoint's `document` prompt, as sentence-transformers' `encode_document`."""
         return self.encode(inputs, prompt_name="document", **options)
+
+    # ------------------------------------------------------------------------------------------ sentence-transformers
+    # The small methods code written for `SentenceTransformer` calls around `encode`, with its meaning.
+
+    @property
+    def similarity_fn_name(self) -> str:
+        """The similarity `similarity` computes: set here, else the checkpoint's (its sentence-transformers
+        config), else cosine, as sentence-transformers decides it."""
+        from gemma_embed import similarity
+
+        if self._similarity_fn_name is None:
+            setup = self._sentence_setup()
+            self._similarity_fn_name = (setup.similarity_fn_name if setup else None) or similarity.DEFAULT
+        return self._similarity_fn_name
+
+    @similarity_fn_name.setter
+    def similarity_fn_name(self, name: str) -> None:
+        from gemma_embed import similarity
+
+        try:
+            self._similarity_fn_name = similarity.check_name(name)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+    def similarity(self, embeddings1: Any, embeddings2: Any):
+        """[N, M] float32 tensor of `similarity_fn_name` scores of each vector of `embeddings1` against each of
+        `embeddings2` (arrays, tensors or lists of them; a 1-D vector is one), as sentence-transformers scores."""
+        from gemma_embed import similarity
+
+        return similarity.similarity(self.similarity_fn_name, embeddings1, embeddings2)
+
+    def similarity_pairwise(self, embeddings1: Any, embeddings2: Any):
+        """[N] float32 tensor: `embeddings1[i]` against `embeddings2[i]`, with `similarity_fn_name`."""
+        from gemma_embed import similarity
+
+        return similarity.similarity_pairwise(self.similarity_fn_name, embeddings1, embeddings2)
+
+    @property
+    def truncate_dim(self) -> int | None:
+        """The dimensions `encode` keeps (`truncate_dim` or `dim` given to the Embedder); None: all of them."""
+        return self.config.dim
+
+    def get_embedding_dimension(self) -> int:
+        """The width of the vectors `encode` gives by default: the checkpoint's retrieval vectors (or the first
+        command's rows, for a checkpoint of towers), `truncate_dim` when it is smaller."""
+        from gemma_embed.models.registry import find_family
+
+        family = find_family(self.checkpoint.config)
+        commands = list(family.commands) if family is not None else []
+        if not commands:  # `command` says why this checkpoint runs nothing
+            self.command(Modality.text)
+        kind = Modality.text if Modality.text in commands else commands[0]
+        return self.stages(kind).width
+
+    @property
+    def max_seq_length(self) -> int | None:
+        """The most tokens of a text the checkpoint reads (the rest is cut, as sentence-transformers cuts it: its
+        tokenizer's `model_max_length`, which the checkpoint's `max_seq_length` sets); None for a checkpoint that
+        embeds no text."""
+        from gemma_embed.models.registry import find_family
+
+        family = find_family(self.checkpoint.config)
+        if family is None or Modality.text not in family.commands:
+            return None
+        former = getattr(self.stages(Modality.text).preparer, "former", None)
+        return int(former.max_length) if former is not None else None
+
+    def get_max_seq_length(self) -> int | None:
+        """`max_seq_length`, as sentence-transformers' method gives it."""
+        return self.max_seq_length
+
+    def get_sentence_embedding_dimension(self) -> int:
+        """`get_embedding_dimension` under sentence-transformers' older name."""
+        return self.get_embedding_dimension()
+
+    def _sentence_setup(self):
+        """What the checkpoint's sentence-transformers files say (`st_inputs.SentenceTransformerSetup`), or None
+        for a checkpoint without them (the Gemma towers)."""
+        if not hasattr(self, "_st_setup"):
+            from gemma_embed.models.st_inputs import MODULES_FILE, read_sentence_transformers
+
+            found = (self.checkpoint.folder / MODULES_FILE).is_file()
+            self._st_setup = read_sentence_transformers(self.checkpoint) if found else None
+        return self._st_setup
+
+    def __repr__(self) -> str:
+        """The checkpoint, its family, device and dtype, what each command gives, and for a sentence-transformers
+        checkpoint its module stack, as `SentenceTransformer`'s repr lists it."""
+        from gemma_embed.models.registry import find_family
+
+        family = find_family(self.checkpoint.config)
+        lines = [
+            f"  model: {self.config.model} ({family.name if family else '?'}, model_type {self.model_type})",
+            f"  device: {self.device}, dtype: {self.dtype_choice.name}",
+        ]
+        if family is not None:
+            spaces = {str(kind): str(support.spaces[0]) for kind, support in family.commands.items()}
+            lines.append("  commands: " + ", ".join(f"{kind} ({space})" for kind, space in spaces.items()))
+        if self.config.dim is not None:
+            lines.append(f"  truncate_dim: {self.config.dim}")
+        setup = self._sentence_setup()
+        if setup is not None:
+            lines.append(f"  similarity_fn_name: {self.similarity_fn_name}")
+            lines.append(f"  (0): Transformer(modalities: {', '.join(setup.modalities)})")
+            stack = [f"Pooling(mode: {setup.pooling_mode}, include_prompt: {setup.include_prompt})"]
+            for step in setup.head:
+                if isinstance(step, str):
+                    stack.append("Normalize()")
+                else:
+                    activation = step.activation.rsplit(".", 1)[-1]
+                    stack.append(f"Dense({step.in_features} -> {step.out_features}, bias: {step.bias}, {activation})")
+            lines += [f"  ({n}): {module}" for n, module in enumerate(stack, start=1)]
+        return "Embedder(\n" + "\n".join(lines) + "\n)"
 
     def _on(self, device: str | None) -> Embedder:
         """This Embedder, or (for `encode(..., device=...)` naming another device) one like it on that device,
@@ -504,8 +632,9 @@ class Embedder:
             return Modality.images
         if _is_audio(value):
             return Modality.audio
-        if isinstance(value, str) and Modality.text in supported:
-            return Modality.text
+        if isinstance(value, str) and Modality.text in supported:  # sentence-transformers' rule for a string
+            kind = sentence_transformers_modality(value)
+            return kind if kind in supported else Modality.text
         if isinstance(value, (str, os.PathLike)):
             from gemma_embed.sources.files import extensions
 
@@ -522,6 +651,53 @@ class Embedder:
         raise TypeError(
             f"cannot embed a {type(value).__name__}: give a path, bytes, a PIL image, (samples, rate) or text"
         )
+
+
+# sentence-transformers' modality detection of a string (`sentence_transformers.base.modality.infer_modality`): a
+# media file when it ends with one of its kind's extensions (in any case) and is a file, or is an http(s) URL (no
+# space) whose path ends so; `data:image/...` is an image. Anything else is text; so is a media string for a
+# checkpoint without that modality.
+ST_EXTENSIONS = {
+    Modality.images: (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tiff", ".webp"),
+    Modality.video: (".mp4", ".avi", ".mov", ".wmv", ".flv", ".mkv"),
+    Modality.audio: (".mp3", ".wav", ".ogg", ".flac", ".aac"),
+}
+
+
+def sentence_transformers_modality(value: str) -> Modality:
+    """The modality sentence-transformers gives the string `value` (ST_EXTENSIONS)."""
+    if value.startswith("data:image/"):
+        return Modality.images
+    is_url = value.startswith(("http://", "https://")) and " " not in value
+    if is_url:
+        from urllib.parse import urlparse
+
+        try:
+            named = urlparse(value).path.lower()
+        except ValueError:
+            return Modality.text
+    else:
+        named = value.lower()
+    for kind, suffixes in ST_EXTENSIONS.items():
+        if named.endswith(suffixes) and (is_url or _local_file(value)):
+            return kind
+    return Modality.text
+
+
+def _local_file(value: str) -> bool:
+    """Whether `value` names a file on this machine (`os.path.isfile`, through the seam)."""
+    try:
+        place = location(value)
+    except (UsageError, ValueError):
+        return False
+    return place.is_local and place.isfile()
+
+
+def np_empty():
+    """`encode([])` as sentence-transformers gives it: an empty float64 array of shape (0,)."""
+    import numpy as np
+
+    return np.zeros(0)
 
 
 class _python_words:
@@ -562,6 +738,11 @@ def _source(key: str, value: Any, modality: Modality, position: int) -> Source:
     are (the modality's decoder takes them)."""
     if isinstance(value, os.PathLike):  # a Path (or any location): a file, named as the seam names it
         return Source(key, str(location(value)), position=position)
+    if isinstance(value, str) and modality in MEDIA_MODALITIES and value.startswith("data:"):  # a data URI: its bytes
+        import urllib.request
+
+        with urllib.request.urlopen(value) as opened:  # noqa: S310 - a data: URI is decoded here, nothing fetched
+            return Source(key, key, position=position, data=opened.read())
     if isinstance(value, str) and modality in MEDIA_MODALITIES:
         return Source(key, value, position=position)
     if isinstance(value, str):  # text: as the command line reads a line

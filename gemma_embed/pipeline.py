@@ -80,6 +80,7 @@ def _run(config: RunConfig, reporter: Reporter | None, stdin, own_process: bool,
             waiting = "loading the model"
             reporter.loading(config.model)
             planned = runner.load()  # every usage error first, from configs; then the weights
+            reporter.loaded(planned.device, planned.dtype)
         except Interrupted as interrupted:
             reporter.note(f"interrupted while {waiting}; nothing to save")
             result = RunResult(interrupted=str(interrupted), signum=interrupted.signum)
@@ -282,7 +283,7 @@ def _require_input(
     text files) left whole as units, for a runner whose workers find their items themselves."""
     if config.url_column is not None and config.column is not None:
         raise UsageError("--url-column names the column of URLs: leave out --column")
-    check_given_paths(config.inputs)
+    check_given_paths(config.inputs, config.modality, config.ext, plan)
     return require_input(
         _find(config, stdin, skipped, deferred),
         config.inputs,

@@ -1,7 +1,8 @@
 """The one reporting object: rich progress on stderr, JSON on stdout, silence when asked.
 
 The library never prints anywhere else. Stderr is for people (a live bar only when it is a terminal); stdout is
-for programs: one JSON record per item with `--jsonl`, and always one final JSON summary line. Every line on
+for programs: one JSON record per item with `--jsonl`, and one final JSON summary line (onto a terminal only with
+`--jsonl`: a person there reads the summary line on stderr). Every line on
 stderr goes through `terminal.printable` (a name's control characters shown as escapes, never acted on, never
 read as rich markup); the JSON keeps names exact.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import IO
 
 from gemma_embed.errors import ItemError
@@ -67,6 +69,7 @@ class Reporter:
         self._task = None
         self._status = ""
         self._loading_shown = False
+        self._loading_since: float | None = None  # when the `loading` line was shown
 
     @classmethod
     def silent(cls) -> Reporter:
@@ -80,7 +83,15 @@ class Reporter:
         line calls it before it imports torch; the run calls it again, a no-op then, for library callers."""
         if self.live and not self._loading_shown:
             self._loading_shown = True
+            self._loading_since = time.monotonic()
             self._err(f"loading {model} ...")
+
+    def loaded(self, device: str, dtype: str) -> None:
+        """`loaded in X s on DEVICE (DTYPE); encoding ...` on a terminal, once the weights are in: the line between
+        `loading` and the progress bar (the seconds before it are mostly torch's and transformers' imports)."""
+        if self.live and self._loading_since is not None:
+            seconds, self._loading_since = time.monotonic() - self._loading_since, None
+            self._err(f"loaded in {seconds:.1f} s on {device} ({dtype}); encoding ...")
 
     def start(self, description: str, result: RunResult, total: int | None = None) -> None:
         self.result = result
@@ -207,11 +218,11 @@ class Reporter:
         self._summary(plan)
 
     def _summary(self, record: dict) -> None:
-        """A command's closing record (the summary, the plan): for programs, so not onto a terminal under --quiet
+        """A command's closing record (the summary, the plan): for programs, so onto a terminal only with --jsonl
         (`terminal.shows_summary`)."""
         from gemma_embed.terminal import shows_summary
 
-        if shows_summary(self.quiet, self.stdout):
+        if shows_summary(self.stdout, asked=self.jsonl):
             self._out(record)
 
     def _stop_live(self) -> None:

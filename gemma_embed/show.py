@@ -66,7 +66,12 @@ def show(path: str | os.PathLike, limit: int = 20, as_json: bool = False) -> Non
     if as_json:
         print(json.dumps({**ordered_header(meta), "keys": meta["keys"], "items": meta["items"]}, ensure_ascii=True))
         return
-    console = Console(file=sys.stdout)
+
+    class Shown(Console):
+        def on_broken_pipe(self) -> None:  # rich's own exits 1; a reader gone is the command line's (cli._exits)
+            raise BrokenPipeError
+
+    console = Shown(file=sys.stdout)
     header = Table(show_header=False, box=None)
     for key, value in shown_header(meta).items():
         header.add_row(cell(key, "bold"), cell(value))

@@ -68,11 +68,15 @@ def cut_to_width(text: str, columns: int, cut: bool = False) -> str:
     return "".join(kept) + ELLIPSIS
 
 
-def shows_summary(quiet: bool, stdout) -> bool:
+def shows_summary(stdout, asked: bool = False) -> bool:
     """Whether a command's closing JSON record goes to `stdout`: always for a program reading it (a pipe, a file,
-    `$(...)`), but not onto a terminal under --quiet, where a person asked for silence (-q alone used to print it
-    there anyway)."""
-    if not quiet:
+    `$(...)`); onto a terminal only when `asked` (`--jsonl`: JSON records were asked for), since a person there
+    has the summary line for people on stderr (the record used to follow it there, some 1,000 characters)."""
+    if asked:
+        return True
+    try:
+        return not stdout.isatty()
+    except (AttributeError, ValueError):  # no such stream, or closed
         return True
     try:
         return not stdout.isatty()

@@ -66,6 +66,7 @@ class SentenceTransformerSetup:
     message_format: str | None = None
     processing_kwargs: dict = field(default_factory=dict)
     processor_kwargs: dict = field(default_factory=dict)
+    similarity_fn_name: str | None = None  # config_sentence_transformers.json's; None: cosine, as ST defaults
 
     @property
     def normalizes(self) -> bool:
@@ -201,6 +202,7 @@ def read_sentence_transformers(checkpoint: Checkpoint) -> SentenceTransformerSet
         message_format=(message.get("format", "auto") if message is not None else None),
         processing_kwargs=dict(transformer.get("processing_kwargs") or {}),
         processor_kwargs=processor_kwargs,
+        similarity_fn_name=model_config.get("similarity_fn_name"),
     )
 
 

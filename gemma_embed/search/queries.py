@@ -225,19 +225,27 @@ def scoring(
         rows = {"mean": "each item's mean row", "frame": "each item's best frame row"}.get(
             pooling, "each item's best row"
         )
-        return f"query: the mean of its rows; scoring: cosine with {rows}"
+        return f"each query is the mean of its rows; score: cosine similarity with {rows}"
     prompts = prompts or {}
     asked = prompt if prompt is not None else prompts.get(prompt_name or "")
     made = json.loads(header.get("preprocessing") or "{}").get("prompt")
     names = {text: name for name, text in prompts.items()}
 
     def said(text: str | None) -> str:
-        return names[text] if text in names else (json.dumps(text) if text else "none")
+        if text in names:
+            return f"the {names[text]} prompt"
+        return f"the prompt {json.dumps(text)}" if text else "no prompt"
 
-    line = f"prompt: {said(asked)} (items: {said(made)}); scoring: cosine with each item's vector"
-    if media_queries and (asked or None) != (made or None):
+    differ = (asked or None) != (made or None)
+    embedded = (
+        f"queries embedded with {said(asked)}, items with {said(made)}"
+        if differ
+        else f"queries and items embedded with {said(asked)}"
+    )
+    line = f"{embedded}; score: cosine similarity of the vectors"
+    if media_queries and differ:
         same = f"--prompt-name {names[made]}" if made in names else f"--prompt {json.dumps(made or '')}"
-        line += f"; {same} finds an indexed item itself"
+        line += f"; {same} embeds a query as its items were, to find an item itself"
     return line
 
 

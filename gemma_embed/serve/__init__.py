@@ -6,7 +6,8 @@ prometheus-client). Nothing outside this package imports fastapi.
 - `service.py`: what each route does, without HTTP (embed, search, waiting while watching the client);
 - `openai_shapes.py`: OpenAI's request, response and error shapes; `media_urls.py`: data: and http(s) URLs;
 - `collections.py`: the outputs named with --output, searched and shown; `gallery.py` + `static/`: the page;
-- `metrics.py`: Prometheus; `auth.py`: the API key; `app.py`: the FastAPI routes; `server.py`: uvicorn, signals.
+- `metrics.py`: Prometheus; `auth.py`: the API key; `app.py`: the FastAPI routes; `server.py`: uvicorn, signals;
+  `listen.py`: the listening socket (no fastapi: a port in use is one line at once).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def serve(
     are RunConfig fields (`model`, `device`, `dim`, ...); without `model`, the first output's. `announce` gets the
     machine-readable events, `log` the human lines (None: quiet)."""
     require_extra()
+    from gemma_embed.serve.listen import bind
+
+    bind(settings.host, settings.port).close()  # a port in use: one line now, before seconds of imports
     from gemma_embed.serve.server import run
 
     return run(settings, run_options, announce, log)

@@ -195,6 +195,9 @@ class Gate:
             )
 
 
+ITEMS_PAGE_MAX = 1000  # the most items one `GET /v1/outputs/{name}/items` answer lists
+
+
 def loopback_hosts(host: str, port: int) -> frozenset[str] | None:
     """The Host values a server bound to a loopback address takes (its names with its port; without it on port 80);
     None for any other address (a name there is the operator's to choose)."""
@@ -279,6 +282,15 @@ def make_app(
 
         described = await asyncio.to_thread(lambda: [c.describe() for c in service.collections.values()])
         return {"object": "list", "data": described}
+
+    @app.get("/v1/outputs/{name}/items")
+    async def items(name: str, offset: int = 0, limit: int = 24):
+        """A page of the output's items in its order (the gallery shows the first on arrival), and how many."""
+        import asyncio
+
+        collection = service.collection(name)
+        page = await asyncio.to_thread(collection.first_items, offset, min(limit, ITEMS_PAGE_MAX))
+        return {"object": "list", "output": collection.name, "total": collection.size, "data": page}
 
     @app.get("/v1/outputs/{name}/items/{place}/thumbnail")
     async def thumbnail(name: str, place: str):

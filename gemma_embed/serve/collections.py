@@ -115,6 +115,31 @@ class Collection:
         local = place - int(self._first_item[file])
         return Item(self._files[file].keys[local], self._files[file].items[local])
 
+    @property
+    def size(self) -> int:
+        """How many items the output holds."""
+        return int(self._first_item[-1])
+
+    def first_items(self, offset: int, limit: int) -> list[dict]:
+        """Up to `limit` items from place `offset` on, in the output's order, as the gallery's cards show them: the
+        place, key, path, caption and thumbnail route of each (`GET /v1/outputs/{name}/items`)."""
+        records = []
+        for place in range(max(0, offset), min(self.size, max(0, offset) + max(0, limit))):
+            found = self.item(place)
+            if found is None:
+                break
+            path = found.meta.get("path")
+            records.append(
+                {
+                    "index": place,
+                    "key": found.key,
+                    "path": path,
+                    "caption": found.caption,
+                    "thumbnail": self.thumbnail_route(place, path),
+                }
+            )
+        return records
+
     def place(self, key: str) -> int | None:
         with self._lock:
             return self._places.get(key)
@@ -127,6 +152,14 @@ class Collection:
 
         opened = None if exact else self.opened
         return search_many(self.path, torch.from_numpy(vector).reshape(1, -1), k, exact=exact, opened=opened)[0]
+
+    def thumbnail_route(self, place: int | None, path) -> str | None:
+        """The route of an item's picture (`thumbnail`), for images and video that name a file; None for others."""
+        from urllib.parse import quote
+
+        if self.modality not in ("images", "video") or not path or place is None:
+            return None
+        return f"/v1/outputs/{quote(self.name, safe='')}/items/{place}/thumbnail"
 
     def thumbnail(self, place: int) -> bytes | None:
         """A JPEG of the item's picture (an image, or a video's middle sampled frame); None for other items.

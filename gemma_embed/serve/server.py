@@ -34,14 +34,9 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise UsageError(f"--host {host} --port {port}: cannot listen there: {exc.strerror or exc}") from None
+    from gemma_embed.serve.listen import bind
+
+    sock = bind(host, port)
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock

@@ -17,6 +17,7 @@ Positions number the items in input order (they order the output and deal items 
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
@@ -121,9 +122,13 @@ def count_sources(
     return total
 
 
-def check_given_paths(inputs: Iterable[str]) -> None:
+def check_given_paths(
+    inputs: Iterable[str], modality: str | None = None, ext: Iterable[str] | None = None, plan: bool = False
+) -> None:
     """A path named on the command line that does not exist, or on a protocol the tool cannot open, is a usage error,
-    before anything loads (paths read from stdin are data: each missing one is a failed item)."""
+    before anything loads (paths read from stdin are data: each missing one is a failed item). With `modality`, so
+    is a file named whose extension is another command's and not this one's (`gemma-embed images clip.mp4`): the
+    line names the command that takes it, as the folder walk's does (`plan`: `plan --modality`)."""
     for given in inputs:
         if given == "-" or is_brace_pattern(given) or is_glob_pattern(given):
             continue
@@ -131,7 +136,43 @@ def check_given_paths(inputs: Iterable[str]) -> None:
         if path.islink() and not path.exists():
             raise MissingFile(f"{given}: dangling symbolic link (its target does not exist)")
         if not path.exists():
-            raise MissingFile(f"{given}: no such file or directory")
+            hint = f"; {_stdin_hint(given)}" if modality == "text" and _reads_as_text(given) else ""
+            raise MissingFile(f"{given}: no such file or directory{hint}")
+        if modality is not None:
+            _check_kind(given, modality, ext, plan)
+
+
+def _reads_as_text(given: str) -> bool:
+    """Whether a missing path given to `text` reads as the text itself (`gemma-embed text "a cat"`) rather than a
+    file name: it holds a space, or has neither a folder nor a suffix."""
+    return any(c.isspace() for c in given) or ("/" not in given and not location(given).suffix)
+
+
+def _stdin_hint(given: str) -> str:
+    """How to embed a text given on the command line: on stdin, as a file of one line."""
+    quoted = f'"{given}"' if not set(given) & set('"$`\\!') else shlex.quote(given)
+    return f"to embed this text, give it on stdin: echo {quoted} | gemma-embed text -"
+
+
+def _check_kind(given: str, modality: str, ext: Iterable[str] | None, plan: bool) -> None:
+    """UsageError for a file given by name whose extension the command's walk does not take (nor --ext) and
+    another command's does; a folder, a collection or an unknown extension passes (its items say what they are)."""
+    path = location(given)
+    suffix = path.suffix.lower()
+    if not suffix or suffix in (frozenset(ext) if ext else extensions(modality)):
+        return
+    other = other_command(modality, Counter({suffix: 1}))
+    if other is None or path.isdir():
+        return
+    noun = Modality(modality).singular
+    article = "an" if noun[0] in "aeiou" else "a"
+    raise UsageError(f"{given}: not {article} {noun} file; {right_command(other, plan)}")
+
+
+def right_command(other: str, plan: bool = False) -> str:
+    """The hint for files of another command: `these are video files: gemma-embed video PATH...`."""
+    command = f"plan --modality {other}" if plan else other
+    return f"these are {Modality(other).singular} files: gemma-embed {command} PATH..."
 
 
 def require_input(
@@ -190,8 +231,7 @@ def no_input_message(
         if other is None:
             line += "; --ext chooses the extensions"
         else:
-            command = f"plan --modality {other}" if plan else other
-            line += f"; these are {Modality(other).singular} files: gemma-embed {command} PATH..."
+            line += f"; {right_command(other, plan)}"
     if members:
         line += f"; {_members_note(members)}"
     return line

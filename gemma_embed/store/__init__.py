@@ -15,7 +15,8 @@
   layout; `output_index` and `iter_row_blocks` for
   readers that scan every row in blocks (search).
 
-Names are resolved on first use: the writer imports torch, and the reader imports it for tensors only (headers,
+Names are resolved on first use: the writer imports torch when an `EmbeddingWriter` is made (`check_output_path`
+needs none), and the reader imports it for tensors only (headers,
 keys, items and shapes come through safetensors' numpy reader: `gemma-embed inspect` starts in well under a
 second); the command line takes the output's lock (`layout` and `lock` need no torch) before it imports torch, so
 that a second run into a busy output fails at once.

@@ -26,10 +26,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from gemma_embed.device import DTYPES, dtype_name
 from gemma_embed.errors import UsageError
 from gemma_embed.locations import Location, NotPlain, location
 from gemma_embed.locations.written import EMBEDDINGS, destination
@@ -48,6 +46,9 @@ from gemma_embed.store.layout import (
     write_index,
 )
 from gemma_embed.store.tensors_file import FileRows, file_metadata, json_list, row_checksum
+
+if TYPE_CHECKING:  # torch comes with the writer (EmbeddingWriter): `check_output_path` answers without it
+    import torch
 
 # Settings that change an item's rows: work saved under other values cannot be resumed into this run.
 FINGERPRINT = ("model", "revision", "modality", "space", "pooling", "compute_dtype", "preprocessing", "dtype", "dim")
@@ -101,6 +102,8 @@ class EmbeddingWriter:
     ):
         self.path = location(path)
         self.parts = parts_folder(self.path)
+        from gemma_embed.device import DTYPES, dtype_name
+
         self.dtype = DTYPES[str(output_dtype)]
         self.header = {**header, "dtype": dtype_name(self.dtype)}
         self.flush_every = flush_every
@@ -344,7 +347,8 @@ def renumbered(key: str, item: dict) -> tuple[str, dict]:
 def check_output_path(path: Where, overwrite: bool, resume: bool = False) -> None:
     """Fail before any work if the run would clobber something, or the output folder is not writable: the rule of
     every file the tool writes at a name given (`layout.check_destination`: a `.safetensors` name, no `-`, an
-    existing output replaced only with overwrite), with --resume as the other way past an existing one."""
+    existing output replaced only with overwrite), with --resume as the other way past an existing one. It imports
+    no torch (nor does this module): the command line checks before torch loads, so its usage error comes at once."""
     if overwrite and resume:
         raise UsageError(
             "--overwrite and --resume contradict each other: --overwrite starts the output over, --resume finishes "

@@ -184,7 +184,9 @@ def test_a_family_registered_from_a_test_runs_end_to_end_through_the_cli(checkpo
     assert [h["key"] for h in hits] == [keys[i] for i in order]
     np.testing.assert_allclose([h["score"] for h in hits], scores[order], rtol=0, atol=1e-5)
     table_form = cli("search", out, "a tall building", "--device", "cpu")
-    assert table_form.stdout.splitlines()[0].startswith("prompt: query (items: document)")
+    assert table_form.stdout.splitlines()[0].startswith(
+        "queries embedded with the query prompt, items with the document prompt"
+    )
 
 
 def test_plan_costs_each_bucket_with_the_familys_cost_model(checkpoint, tmp_path):

@@ -152,14 +152,14 @@ def test_search_says_its_prompt_and_scoring_and_how_to_find_an_item_itself(retri
     result = cli("search", retrieval_index, "--image", IMAGES / "tall.png", "-k", "1", "--device", "cpu")
     lines = result.stdout.splitlines()
     assert lines[0] == (
-        "prompt: query (items: none); scoring: cosine with each item's vector; "
-        '--prompt "" finds an indexed item itself'
+        "queries embedded with the query prompt, items with no prompt; score: cosine similarity of the vectors; "
+        '--prompt "" embeds a query as its items were, to find an item itself'
     )
     rank, score, key = lines[2].split()[:3]
     assert key.endswith("tall.png") and float(score) < 0.999  # the query prompt: its own item scores below 1
     lines = cli("search", retrieval_index, "--image", IMAGES / "tall.png", "-k", "1", "--prompt", "").stdout
     first, _, hit = lines.splitlines()
-    assert first == "prompt: none (items: none); scoring: cosine with each item's vector"
+    assert first == "queries and items embedded with no prompt; score: cosine similarity of the vectors"
     rank, score, key = hit.split()[:3]
     assert (rank, score) == ("1", "1.0000") and key.endswith("tall.png")  # embedded as its item was
 
@@ -170,17 +170,20 @@ def test_scoring_lines_for_named_prompts_and_soft_tokens():
     prompts = {"query": "task: search result | query: ", "document": "title: none | text: "}
     made = {"space": "retrieval", "preprocessing": '{"prompt": "title: none | text: "}'}
     assert scoring(made, "query", None, True, prompts) == (
-        "prompt: query (items: document); scoring: cosine with each item's vector; "
-        "--prompt-name document finds an indexed item itself"
+        "queries embedded with the query prompt, items with the document prompt; score: cosine similarity of the "
+        "vectors; --prompt-name document embeds a query as its items were, to find an item itself"
     )
     assert scoring(made, "query", None, False, prompts) == (
-        "prompt: query (items: document); scoring: cosine with each item's vector"
+        "queries embedded with the query prompt, items with the document prompt; score: cosine similarity of the "
+        "vectors"
     )
-    assert scoring(made, "document", None, True, prompts).endswith(
-        "(items: document); scoring: cosine with each item's vector"
+    assert scoring(made, "document", None, True, prompts) == (
+        "queries and items embedded with the document prompt; score: cosine similarity of the vectors"
     )
     soft = {"space": "language", "pooling": "none"}
-    assert scoring(soft, None, None, True) == "query: the mean of its rows; scoring: cosine with each item's best row"
+    assert scoring(soft, None, None, True) == (
+        "each query is the mean of its rows; score: cosine similarity with each item's best row"
+    )
     assert scoring({**soft, "pooling": "frame"}, None, None, True).endswith("each item's best frame row")
 
 

@@ -136,7 +136,7 @@ def test_inspect_and_search_tables_escape_the_names(hostile_run):
     assert hits.exit_code == 0, hits.stderr
     assert control_bytes(hits.stdout.encode("utf-8", "surrogateescape")) == []
     scoring, header, *rows = hits.stdout.splitlines()
-    assert scoring == "query: the mean of its rows; scoring: cosine with each item's best row"
+    assert scoring == "each query is the mean of its rows; score: cosine similarity with each item's best row"
     assert header.split() == ["rank", "score", "key", "path"] and len(rows) == 4
     assert rows[0].split()[2] == printable(query.name)  # the image itself ranks first
     for name in HOSTILE_NAMES:  # each key and path once, escaped, on its own row

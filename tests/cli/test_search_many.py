@@ -89,7 +89,9 @@ def test_queries_file_through_the_command_with_an_index_and_exact(text_index, tm
     single = query_index(text_index, Query(text=f"{TEXTS[0]} (document 3)"), k=2, device="cpu")
     assert answers[0][2:] == [(h.key, round(h.score, 5)) for h in single]
     table = _cli("search", text_index, "--queries", queries, "-k", "1", "--device", "cpu").stdout.splitlines()
-    assert table[0] == "prompt: query (items: none); scoring: cosine with each item's vector"  # for every query
+    assert table[0] == (  # for every query
+        "queries embedded with the query prompt, items with no prompt; score: cosine similarity of the vectors"
+    )
     assert table[1] == f"query 1: {TEXTS[2]} (document 1)" and table[2].split() == [
         "rank",
         "score",

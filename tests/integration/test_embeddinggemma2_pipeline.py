@@ -167,7 +167,7 @@ def test_search_finds_the_item_a_query_repeats_in_every_form(tmp_path):
     table = _cli("search", index, LINES[2], "--html", tmp_path / "hits.html")
     assert table.returncode == 0, table.stderr
     scoring, header, first = table.stdout.splitlines()[:3]
-    assert scoring.startswith("prompt: query") and "scoring: cosine" in scoring
+    assert scoring.startswith("queries and items embedded with the query prompt") and "cosine similarity" in scoring
     assert header.split() == ["rank", "score", "key", "path", "text"]  # stdin's path (-) starts no key: shown
     assert first.split()[:3] == ["1", "1.0000", "stdin:2"]  # the same text, embedded the same way
 

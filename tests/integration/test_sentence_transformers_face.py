@@ -104,3 +104,141 @@ def test_keywords_that_mean_nothing_here_are_refused_by_their_python_name(both):
         embedder.encode(TEXTS, pool={"processes": []})
     with pytest.raises(UsageError, match=r"batch_size"):
         embedder.encode(TEXTS, batch_size=-3)
+
+
+# ---------------------------------------------------------------------------- issue 48: the rest of the face
+SAMPLE_FILES = [
+    ROOT / "samples" / "media" / "images" / "tall.png",
+    ROOT / "samples" / "media" / "images" / "square.webp",
+    ROOT / "samples" / "media" / "audio" / "chirp-16k.wav",
+    ROOT / "samples" / "media" / "audio" / "stereo-48k.m4a",  # not one of sentence-transformers' audio suffixes
+    ROOT / "samples" / "media" / "video" / "clip-h264.mp4",
+    ROOT / "samples" / "media" / "video" / "short-vp9.webm",  # nor of its video suffixes
+]
+ST_NAMES = {"image": "images", "video": "video", "audio": "audio", "text": "text"}
+
+
+@pytest.mark.parametrize("path", SAMPLE_FILES, ids=lambda p: p.name)
+def test_a_path_string_is_what_sentence_transformers_takes_it_for(both, path):
+    """A str that is an existing file with one of sentence-transformers' media suffixes is that file (where the
+    checkpoint embeds its modality); else it is text. The kind is sentence-transformers' own `infer_modality`'s;
+    the vector equals sentence-transformers' where it decodes the file here (images: audio and video need soxr and
+    torchcodec, which this environment lacks, so there the vector is checked against `modality=` named)."""
+    from sentence_transformers.base.modality import infer_modality
+
+    st, embedder = both
+    given = str(path)
+    kind = ST_NAMES[infer_modality(given, st.modalities)]
+    ours = embedder.encode(given)
+    assert ours.shape == (embedder.get_sentence_embedding_dimension(),) and ours.dtype == np.float32
+    np.testing.assert_allclose(ours, embedder.encode([given], modality=kind)[0], atol=TOLERANCE)
+    if kind == "text" or kind == "images":
+        same(st.encode(given), ours)
+    if kind != "text":  # a media file, not the text of its name
+        assert np.abs(ours - embedder.encode([given], modality="text")[0]).max() > 1e-3
+
+
+def test_strings_that_are_no_files_are_text(both, tmp_path):
+    st, embedder = both
+    for given in ("missing.png", "a photo.jpg of a cat", str(tmp_path)):
+        same(st.encode(given), embedder.encode(given))
+    mixed = [TEXTS[0], str(SAMPLE_FILES[0]), TEXTS[1]]  # a list of both kinds: each input its own kind
+    ours = embedder.encode(mixed)
+    for n, given in enumerate(mixed):
+        np.testing.assert_allclose(ours[n], embedder.encode(given), atol=TOLERANCE)
+
+
+def test_encode_of_nothing_is_what_sentence_transformers_gives(both):
+    st, embedder = both
+    for options in ({}, {"convert_to_tensor": True}, {"convert_to_numpy": False}):
+        theirs, ours = st.encode([], **options), embedder.encode([], **options)
+        assert type(ours) is type(theirs)
+        if isinstance(theirs, list):
+            assert ours == theirs == []
+        else:
+            assert tuple(ours.shape) == tuple(theirs.shape) == (0,) and ours.dtype == theirs.dtype
+
+
+@pytest.mark.parametrize("name", [None, "cosine", "dot", "euclidean", "manhattan"])
+def test_similarity_scores_as_sentence_transformers_scores(both, name):
+    st, embedder = both
+    assert embedder.similarity_fn_name == st.similarity_fn_name  # the checkpoint's (cosine here)
+    if name is not None:
+        st.similarity_fn_name = embedder.similarity_fn_name = name
+    try:
+        a, b = st.encode(TEXTS), st.encode(TEXTS[:2])
+        for x, y in ((a, b), (a[0], b), (torch.from_numpy(a), list(torch.from_numpy(b))), (a.astype(np.float16), b)):
+            same(st.similarity(x, y), embedder.similarity(x, y))
+        same(st.similarity_pairwise(a[:2], b), embedder.similarity_pairwise(a[:2], b))
+    finally:
+        st.similarity_fn_name = embedder.similarity_fn_name = "cosine"
+
+
+def test_the_checkpoints_similarity_function_is_the_default(tmp_path):
+    """A checkpoint whose sentence-transformers config names `dot`: both score with dot products."""
+    import json
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    folder = tmp_path / "dot"
+    shutil.copytree(FOLDERS["embeddinggemma"], folder)
+    config = folder / "config_sentence_transformers.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "similarity_fn_name": "dot"}))
+    st, embedder = SentenceTransformer(str(folder), device="cpu"), Embedder(folder, device="cpu")
+    assert embedder.similarity_fn_name == st.similarity_fn_name == "dot"
+    a = embedder.encode(TEXTS)
+    same(st.similarity(a * 2, a), embedder.similarity(a * 2, a))
+    with pytest.raises(UsageError, match=r"^similarity_fn_name='maxsim': choose one of cosine, dot"):
+        embedder.similarity_fn_name = "maxsim"
+
+
+@pytest.mark.parametrize("truncate_dim", [None, 64])
+def test_the_embedding_dimension_is_sentence_transformers(truncate_dim):
+    from sentence_transformers import SentenceTransformer
+
+    for folder in FOLDERS.values():
+        st = SentenceTransformer(str(folder), device="cpu", truncate_dim=truncate_dim)
+        embedder = Embedder(folder, device="cpu", truncate_dim=truncate_dim)
+        with pytest.warns(FutureWarning):  # sentence-transformers' old name, still called by ported code
+            expected = st.get_sentence_embedding_dimension()
+        assert embedder.get_sentence_embedding_dimension() == embedder.get_embedding_dimension() == expected
+        assert embedder.truncate_dim == st.truncate_dim
+        assert embedder.encode(TEXTS).shape == st.encode(TEXTS).shape == (len(TEXTS), expected)
+
+
+def test_repr_shows_the_model_and_its_module_stack(both):
+    st, embedder = both
+    shown = repr(embedder)
+    assert shown.startswith("Embedder(\n") and "object at 0x" not in shown
+    theirs = repr(st)
+    for module in ("Transformer", "Pooling", "Dense", "Normalize"):  # the same stack, in the same order
+        assert (module in shown) == (module in theirs)
+    assert [line.split(":")[0].strip() for line in shown.splitlines() if line.strip().startswith("(")] == [
+        line.split(":")[0].strip() for line in theirs.splitlines() if line.strip().startswith("(")
+    ]
+
+
+def test_a_data_uri_is_an_image_where_the_checkpoint_embeds_images(both):
+    import base64
+
+    st, embedder = both
+    uri = "data:image/png;base64," + base64.b64encode(SAMPLE_FILES[0].read_bytes()).decode("ascii")
+    same(st.encode(uri), embedder.encode(uri))
+
+
+def test_a_checkpoint_of_towers_answers_the_same_calls():
+    """Gemma 4's towers (no sentence-transformers files): the width `encode` gives, cosine, and a repr that says
+    what each command gives."""
+    embedder = Embedder(ROOT / "samples" / "tiny-gemma4", device="cpu")
+    vector = embedder.encode(str(SAMPLE_FILES[0]))  # no text here: a path string is the file
+    assert vector.shape == (embedder.get_sentence_embedding_dimension(),)
+    assert embedder.similarity_fn_name == "cosine"
+    assert float(embedder.similarity(vector, vector)[0, 0]) == pytest.approx(1.0, abs=1e-6)
+    assert "commands: images (language), video (language), audio (language)" in repr(embedder)
+
+
+def test_max_seq_length_is_sentence_transformers(both):
+    st, embedder = both
+    assert embedder.max_seq_length == embedder.get_max_seq_length() == st.max_seq_length == st.get_max_seq_length()
+    assert str(embedder.device) == str(st.device)

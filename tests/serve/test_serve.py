@@ -447,6 +447,43 @@ def test_the_gallery_answers_a_query_with_thumbnails_and_shows_captions_as_text(
     context.close()
 
 
+@pytest.mark.browser
+def test_the_gallery_shows_the_collections_first_items_and_its_size_on_arrival(served, chromium):
+    context = chromium.new_context(http_credentials={"username": "gallery", "password": KEY})
+    page = context.new_page()
+    problems = []
+    page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    page.goto(served["server"].url + "/")
+    keys = served["gallery"][1]
+    expect(page.locator("#grid figure")).to_have_count(3)  # before any query: the collection itself
+    expect(page.locator("#status")).to_have_text("3 items in gallery (all shown); search to rank them")
+    assert page.locator("#grid .key").all_text_contents() == keys  # in the output's order
+    assert HOSTILE_CAPTION in page.locator("#grid .caption").all_text_contents()  # as text
+    widths = page.locator("#grid img").evaluate_all(
+        "images => Promise.all(images.map(i => i.decode())).then(() => images.map(i => i.naturalWidth))"
+    )
+    assert len(widths) == 3 and all(0 < width <= 224 for width in widths)
+    page.fill("#k", "2")  # a smaller page: the first two, and the size still said
+    page.dispatch_event("#output", "change")
+    expect(page.locator("#grid figure")).to_have_count(2)
+    expect(page.locator("#status")).to_have_text("3 items in gallery (the first 2 shown); search to rank them")
+    assert problems == []
+    context.close()
+
+
+def test_a_page_of_items_in_the_outputs_order(served):
+    server, keys = served["server"], served["gallery"][1]
+    status, listed = call_json(server, "GET", "/v1/outputs/gallery/items?offset=1&limit=5", headers=AUTH)
+    assert status == 200 and listed["total"] == 3 and listed["output"] == "gallery"
+    assert [item["key"] for item in listed["data"]] == keys[1:]
+    assert [item["index"] for item in listed["data"]] == [1, 2]
+    assert listed["data"][-1]["caption"] == "a square picture"
+    assert listed["data"][-1]["thumbnail"] == "/v1/outputs/gallery/items/2/thumbnail"
+    assert call_json(server, "GET", "/v1/outputs/nope/items", headers=AUTH)[0] == 404
+    assert call(server, "GET", "/v1/outputs/gallery/items")[0] == 401  # the key, as every route but /health
+
+
 # ------------------------------------------------------------------------------------------ the stop (last)
 
 

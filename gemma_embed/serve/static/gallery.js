@@ -40,6 +40,25 @@ async function loadOutputs() {
       say("This server shows no collection: start it with --output OUT.safetensors.", true);
     }
     hintQueries();
+    await showFirstItems();
+  } catch (e) {
+    say(e.message, true);
+  }
+}
+
+// Before any query: the chosen collection's first items, in the output's order, and how many it holds.
+async function showFirstItems() {
+  const name = $("output").value;
+  if (!name) {
+    return;
+  }
+  const limit = Number($("k").value) || 24;
+  const route = "/v1/outputs/" + encodeURIComponent(name) + "/items?limit=" + limit;
+  try {
+    const body = await answer(await fetch(route));
+    $("grid").replaceChildren(...body.data.map(card));
+    const shown = body.data.length < body.total ? "the first " + body.data.length + " shown" : "all shown";
+    say(body.total + " items in " + body.output + " (" + shown + "); search to rank them", false);
   } catch (e) {
     say(e.message, true);
   }
@@ -77,7 +96,8 @@ function card(hit) {
   const caption = document.createElement("figcaption");
   const score = document.createElement("span");
   score.className = "score";
-  score.textContent = "#" + hit.rank + "  " + hit.score.toFixed(4) + "  ";
+  // a search hit's rank and score; the Map and Duplicates views' cards (views.js) have none
+  score.textContent = hit.score == null ? "" : "#" + hit.rank + "  " + hit.score.toFixed(4) + "  ";
   caption.appendChild(score);
   const text = document.createElement("span");
   text.className = "caption";
@@ -126,7 +146,10 @@ async function search(event) {
 
 document.addEventListener("DOMContentLoaded", () => {
   $("query").addEventListener("submit", search);
-  $("output").addEventListener("change", hintQueries);
+  $("output").addEventListener("change", () => {
+    hintQueries();
+    showFirstItems();
+  });
   $("text").addEventListener("input", () => {
     $("image").value = "";
   });
