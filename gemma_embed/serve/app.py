@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from gemma_embed.serve import gallery
+from gemma_embed.serve import collection_views, gallery
 from gemma_embed.serve.auth import key_matches
 from gemma_embed.serve.metrics import Metrics
 from gemma_embed.serve.openai_shapes import (
@@ -211,6 +211,8 @@ def make_app(service: Service, metrics: Metrics, log: Callable[[str], None] | No
         if picture is None:
             raise ApiError(404, f"{name} has no picture at item {place}", code="not_found")
         return Response(picture, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=3600"})
+
+    collection_views.add_routes(app, service)  # the gallery's Map and Duplicates views
 
     @app.get("/")
     async def page():

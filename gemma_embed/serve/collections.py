@@ -128,6 +128,14 @@ class Collection:
         opened = None if exact else self.opened
         return search_many(self.path, torch.from_numpy(vector).reshape(1, -1), k, exact=exact, opened=opened)[0]
 
+    def thumbnail_route(self, place: int | None, path) -> str | None:
+        """The route of an item's picture (`thumbnail`), for images and video that name a file; None for others."""
+        from urllib.parse import quote
+
+        if self.modality not in ("images", "video") or not path or place is None:
+            return None
+        return f"/v1/outputs/{quote(self.name, safe='')}/items/{place}/thumbnail"
+
     def thumbnail(self, place: int) -> bytes | None:
         """A JPEG of the item's picture (an image, or a video's middle sampled frame); None for other items.
         Raises the decoder's error when its file is missing or unreadable."""

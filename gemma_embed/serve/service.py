@@ -305,10 +305,7 @@ async def wait_for_jobs(batcher: Batcher, jobs: list[Job], until_gone: Callable[
 def hit_record(collection: Collection, hit) -> dict:
     """One search hit as JSON: where it ranks and scores, the item's key, place, caption and metadata, and the
     route of its thumbnail (images and video with a file)."""
-    from urllib.parse import quote
-
     place = collection.place(hit.key)
-    shows = collection.modality in ("images", "video") and bool(hit.path) and place is not None
     return {
         "rank": hit.rank,
         "score": hit.score,
@@ -319,7 +316,7 @@ def hit_record(collection: Collection, hit) -> dict:
         "frame": hit.frame,
         "timestamp": hit.timestamp,
         "metadata": hit.item,
-        "thumbnail": f"/v1/outputs/{quote(collection.name, safe='')}/items/{place}/thumbnail" if shows else None,
+        "thumbnail": collection.thumbnail_route(place, hit.path),
     }
 
 

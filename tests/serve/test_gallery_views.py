@@ -1,0 +1,234 @@
+"""The gallery's Map and Duplicates views (issue 49): the routes that serve an output's map and duplicate groups from
+the parquet tables kept beside it, and both views driven in Chromium.
+
+The collection is made by the real command line: the sample images, each copied three times under other names (one
+name holding markup), with captions (one hostile). The map and groups tables are written here with the contract's
+columns (gemma_embed.collection), at planted places: three clusters far apart, so where each point must be drawn is
+known; each image's three copies are one group. A second output (texts) has no table."""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import shutil
+
+import numpy as np
+import pytest
+from serve_helpers import (
+    HOSTILE_CAPTION,
+    SAMPLE_IMAGES,
+    TEXTS,
+    TINY_EG2,
+    ServerProcess,
+    call,
+    call_json,
+    finish,
+    run_cli,
+)
+
+pytestmark = pytest.mark.serve
+pytest.importorskip("fastapi")
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+KEY = "k-" + secrets.token_hex(12)
+AUTH = {"Authorization": f"Bearer {KEY}"}
+MODEL = str(TINY_EG2)
+MARKUP_NAME = "<img src=x onerror=alert(1)>.jpg"  # a file name the page must show as text
+SOURCES = ["landscape.jpg", "portrait.png", "square.webp"]
+CLUSTER_NAMES = ["landscapes", "<b>portraits</b> & co", "squares"]  # cluster 1's name holds markup too
+CENTRES = [(-10.0, -10.0), (10.0, -10.0), (0.0, 10.0)]  # the planted clusters, far apart
+
+
+def _output_keys(path) -> tuple[list[str], list[dict]]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "np") as fh:
+        header = fh.metadata()
+    return json.loads(header["keys"]), json.loads(header["items"])
+
+
+@pytest.fixture(scope="module")
+def viewed(tmp_path_factory):
+    """Nine images (three copies of three), their map and groups tables, a text output without any, the server."""
+    from gemma_embed.collection import GROUP_COLUMNS, MAP_COLUMNS, groups_path, map_path
+
+    folder = tmp_path_factory.mktemp("views")
+    images = folder / "images"
+    images.mkdir()
+    names, captions, source_of = [], [], []
+    for copy in range(3):
+        for number, source in enumerate(SOURCES):
+            name = MARKUP_NAME if (copy, number) == (1, 0) else f"{copy}-{source}"
+            shutil.copy(SAMPLE_IMAGES / source, images / name)
+            names.append(name)
+            captions.append(HOSTILE_CAPTION if (copy, number) == (0, 0) else f"copy {copy} of {source}")
+            source_of.append(number)
+    table = images / "captions.parquet"
+    pq.write_table(pa.table({"image": names, "caption": captions}), table)
+    gallery = folder / "gallery.safetensors"
+    made = run_cli(
+        "images", str(table), "--column", "image", "--keep-columns", "caption", "--model", MODEL, "-o", str(gallery)
+    )
+    lines = folder / "texts.txt"
+    lines.write_text("".join(t + "\n" for t in TEXTS))
+    texts = folder / "texts.safetensors"
+    finish(run_cli("text", str(lines), "--model", MODEL, "-o", str(texts)))
+    finish(made)
+    keys, items = _output_keys(gallery)
+    paths = [item.get("path") for item in items]
+    clusters = [source_of[names.index(item["path"].rsplit("/", 1)[-1])] for item in items]
+    rng = np.random.default_rng(7)
+    xy = np.array([CENTRES[c] for c in clusters]) + rng.uniform(-1.5, 1.5, size=(len(keys), 2))
+    layout = {
+        "key": keys,
+        "x": xy[:, 0].astype(np.float32),
+        "y": xy[:, 1].astype(np.float32),
+        "cluster": np.array(clusters, dtype=np.int32),
+        "cluster_name": [CLUSTER_NAMES[c] for c in clusters],
+        "path": paths,
+    }
+    assert tuple(layout) == MAP_COLUMNS
+    pq.write_table(pa.table(layout), map_path(gallery).path)
+    rows = {column: [] for column in GROUP_COLUMNS}
+    for group in range(3):  # each source's copies; the first in the output kept
+        members = [place for place, c in enumerate(clusters) if c == group]
+        for rank, place in enumerate(members):
+            rows["key"].append(keys[place])
+            rows["group"].append(group)
+            rows["keep"].append(rank == 0)
+            rows["similarity"].append(1.0 if rank == 0 else 0.99 - 0.01 * rank)
+            rows["path"].append(paths[place])
+    pq.write_table(pa.table(rows), groups_path(gallery).path)
+    server = ServerProcess(
+        "--model", MODEL, "--output", str(gallery), "--output", str(texts), env={"GEMMA_EMBED_API_KEY": KEY}
+    )
+    try:
+        server.ready()
+        yield {
+            "server": server,
+            "keys": keys,
+            "items": items,
+            "clusters": clusters,
+            "layout": layout,
+            "groups": rows,
+            "texts": texts,
+        }
+    finally:
+        server.kill()
+
+
+def _unpacked(text: str, dtype: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), dtype=dtype)
+
+
+# ------------------------------------------------------------------------------------------ the routes
+
+
+def test_the_map_route_sends_every_point_as_typed_arrays(viewed):
+    status, headers, body = call(viewed["server"], "GET", "/v1/outputs/gallery/map", headers=AUTH)
+    assert status == 200 and headers["content-type"].startswith("application/json")
+    assert "default-src 'none'" in headers["content-security-policy"]
+    answer = json.loads(body)
+    layout, n = viewed["layout"], len(viewed["keys"])
+    assert answer["points"] == n == 9
+    assert _unpacked(answer["x"], "<f4").tolist() == layout["x"].tolist()
+    assert _unpacked(answer["y"], "<f4").tolist() == layout["y"].tolist()
+    assert _unpacked(answer["cluster"], "<i4").tolist() == viewed["clusters"]
+    assert _unpacked(answer["place"], "<i4").tolist() == list(range(n))  # rows in output order
+    assert answer["clusters"] == [{"id": c, "name": CLUSTER_NAMES[c], "size": 3} for c in range(3)]
+    assert call(viewed["server"], "GET", "/v1/outputs/gallery/map")[0] == 401  # behind the key like every route
+
+
+def test_the_duplicates_route_lists_groups_kept_item_first(viewed):
+    status, answer = call_json(viewed["server"], "GET", "/v1/outputs/gallery/duplicates?offset=1&limit=1", headers=AUTH)
+    assert status == 200
+    assert (answer["groups"], answer["items"], answer["to_drop"], answer["offset"]) == (3, 9, 6, 1)
+    (group,) = answer["data"]
+    members = [p for p, c in enumerate(viewed["clusters"]) if c == 1]
+    assert group["group"] == 1 and group["size"] == 3
+    assert [item["index"] for item in group["items"]] == members  # the kept one first, then most similar first
+    assert [item["keep"] for item in group["items"]] == [True, False, False]
+    assert [item["similarity"] for item in group["items"]] == pytest.approx([1.0, 0.98, 0.97])
+    first = group["items"][0]
+    assert first["key"] == viewed["keys"][members[0]]
+    assert first["thumbnail"] == f"/v1/outputs/gallery/items/{members[0]}/thumbnail"
+    for query, code in [("limit=0", 400), ("limit=101", 400), ("offset=-1", 400), ("offset=x", 400)]:
+        assert call(viewed["server"], "GET", f"/v1/outputs/gallery/duplicates?{query}", headers=AUTH)[0] == code
+
+
+def test_records_are_items_by_place_with_their_thumbnail_routes(viewed):
+    server = viewed["server"]
+    status, answer = call_json(server, "GET", "/v1/outputs/gallery/records?at=3,0", headers=AUTH)
+    assert status == 200
+    assert [r["key"] for r in answer["data"]] == [viewed["keys"][3], viewed["keys"][0]]
+    assert [r["caption"] for r in answer["data"]] == [viewed["items"][3]["caption"], viewed["items"][0]["caption"]]
+    assert answer["data"][1]["thumbnail"] == "/v1/outputs/gallery/items/0/thumbnail"
+    status, text = call_json(server, "GET", "/v1/outputs/texts/records?at=0", headers=AUTH)
+    assert status == 200 and text["data"][0]["thumbnail"] is None  # texts have no picture
+    for query, code in [("at=", 400), ("at=1,x", 400), ("at=-1", 400), ("at=9", 404), ("at=" + "1," * 501, 413)]:
+        status, error = call_json(server, "GET", f"/v1/outputs/gallery/records?{query}", headers=AUTH)
+        assert status == code and error["error"]["message"], query
+    assert call(server, "GET", "/v1/outputs/nope/records?at=0", headers=AUTH)[0] == 404
+
+
+def test_an_output_without_tables_gets_a_404_naming_the_command(viewed):
+    """Where the library cannot compute them (this build has no `ensure_map`/`ensure_groups`), the answer says
+    which command writes the table; where it can, the table is computed on first use and kept beside the output."""
+    import gemma_embed.collection as library
+
+    for route, function, command, path_of in [
+        ("map", "ensure_map", "gemma-embed map", library.map_path),
+        ("duplicates", "ensure_groups", "gemma-embed dedup", library.groups_path),
+    ]:
+        status, answer = call_json(viewed["server"], "GET", f"/v1/outputs/texts/{route}", headers=AUTH)
+        if hasattr(library, function):
+            assert status == 200 and path_of(viewed["texts"]).exists(), answer
+        else:
+            assert status == 404, answer
+            assert command in answer["error"]["message"] and str(viewed["texts"]) in answer["error"]["message"]
+            assert not path_of(viewed["texts"]).exists()
+
+
+def test_kept_table_computes_reads_or_names_the_command(tmp_path, monkeypatch):
+    """The one place the views reach the library: its `ensure_*` where it has one (and its failure as the reason),
+    else the table a command wrote, else what to run."""
+    import gemma_embed.collection as library
+    from gemma_embed.serve.collection_views import TableMissing, kept_table
+
+    output = tmp_path / "photos.safetensors"
+    monkeypatch.delattr(library, "ensure_map", raising=False)
+    with pytest.raises(TableMissing, match="run `gemma-embed map .*photos.safetensors`"):
+        kept_table("map", output)
+    library.map_path(output).write_bytes(b"written by gemma-embed map")
+    assert kept_table("map", output) == library.map_path(output)
+    computed = []
+    monkeypatch.setattr(library, "ensure_groups", lambda out: computed.append(out) or "the kept table", raising=False)
+    assert kept_table("groups", output) == "the kept table" and computed == [output]
+
+    def without_extra(out):
+        raise ImportError("gemma-embed map needs umap-learn: pip install 'gemma-embed[map]'")
+
+    monkeypatch.setattr(library, "ensure_groups", without_extra, raising=False)
+    with pytest.raises(TableMissing, match="umap-learn.*or run `gemma-embed dedup"):
+        kept_table("groups", output)
+
+
+def test_a_table_naming_items_the_output_lacks_is_refused_as_stale(viewed):
+    """A map made from another version of the output: 409 with what to run, not points in the wrong places."""
+    from gemma_embed.collection import map_path
+
+    status, answer = call_json(viewed["server"], "GET", "/v1/outputs/gallery/map", headers=AUTH)
+    assert status == 200
+    path = map_path(viewed["texts"]).path
+    if map_path(viewed["texts"]).exists():
+        pytest.skip("the library computed the texts' map: staleness is its own check")
+    stale = {**viewed["layout"], "key": ["gone-" + k for k in viewed["layout"]["key"]]}
+    pq.write_table(pa.table(stale), path)
+    try:
+        status, answer = call_json(viewed["server"], "GET", "/v1/outputs/texts/map", headers=AUTH)
+        assert status == 409 and answer["error"]["code"] == "stale_table"
+        assert "gemma-embed map" in answer["error"]["message"]
+    finally:
+        map_path(viewed["texts"]).rm_file(missing_ok=True)
