@@ -232,3 +232,189 @@ def test_a_table_naming_items_the_output_lacks_is_refused_as_stale(viewed):
         assert "gemma-embed map" in answer["error"]["message"]
     finally:
         map_path(viewed["texts"]).rm_file(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------------ in Chromium
+
+PALETTE = ["#4e79a7", "#f28e2b", "#e15759"]  # map.js's first three cluster colours (Tableau 10)
+expect = None  # playwright's expect, set by the chromium fixture (playwright is imported only where it is used)
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip)")
+    global expect
+    expect = playwright_api.expect
+    executable = shutil.which("chromium") or shutil.which("chromium-browser")
+    if executable is None:
+        pytest.skip("no Chromium on this machine (apt-get install -y chromium): the gallery is not tried in a browser")
+    with playwright_api.sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=executable)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(viewed, chromium):
+    """A page of the gallery that records every request it makes (and refuses any to another origin), every dialog
+    and every script error; after the test none may have left the server, and no dialog or error may be seen."""
+    origin = viewed["server"].url
+    context = chromium.new_context(http_credentials={"username": "gallery", "password": KEY}, viewport=VIEWPORT)
+    requested, elsewhere, dialogs, problems = [], [], [], []
+
+    def only_here(route):
+        url = route.request.url
+        requested.append(url)
+        if url == origin or url.startswith(origin + "/"):
+            route.continue_()
+        else:
+            elsewhere.append(url)
+            route.abort()
+
+    context.route("**/*", only_here)
+    opened = context.new_page()
+    opened.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    opened.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+    opened.on("pageerror", lambda error: problems.append(str(error)))
+    opened.requested, opened.problems = requested, problems
+    yield opened
+    context.close()
+    assert requested and elsewhere == [], elsewhere  # every request went to this server
+    assert dialogs == [] and problems == []
+
+
+VIEWPORT = {"width": 1200, "height": 900}
+
+
+def _open(page, viewed, view: str):
+    page.goto(viewed["server"].url + "/")
+    page.wait_for_selector("#output option", state="attached")
+    page.click(f"#views button[data-view='{view}']")
+
+
+def _places_on_screen(page, places) -> list[dict]:
+    """Each place's point on the page (CSS pixels), as map.js draws it."""
+    box = page.locator("#map").bounding_box()
+    found = [page.evaluate("place => mapPointOnScreen(place)", place) for place in places]
+    assert all(found), found
+    return [{**p, "page_x": box["x"] + p["x"], "page_y": box["y"] + p["y"]} for p in found]
+
+
+def _pixel(page, x: float, y: float) -> str:
+    return page.evaluate(
+        """([x, y]) => {
+            const r = window.devicePixelRatio || 1;
+            const context = document.getElementById('map').getContext('2d');
+            const d = context.getImageData(Math.floor(x * r), Math.floor(y * r), 1, 1).data;
+            return '#' + [d[0], d[1], d[2]].map(v => v.toString(16).padStart(2, '0')).join('');
+        }""",
+        [x, y],
+    )
+
+
+@pytest.mark.browser
+def test_the_map_draws_every_point_in_its_clusters_colour(viewed, page):
+    _open(page, viewed, "map")
+    canvas = page.locator("#map")
+    n = len(viewed["keys"])
+    expect(canvas).to_have_attribute("data-drawn", str(n))  # every point drawn, reported by the page itself
+    assert canvas.get_attribute("data-points") == str(n)
+    for place, point in enumerate(_places_on_screen(page, range(n))):
+        assert _pixel(page, point["x"], point["y"]) == PALETTE[viewed["clusters"][place]], place
+    assert _pixel(page, 3, 3) == "#ffffff"  # and nothing where no point is
+    legend = page.locator("#legend-list .name").all_text_contents()
+    assert legend == CLUSTER_NAMES  # the markup in a cluster's name shown as text
+    assert page.locator("#legend-list b").count() == 0
+    expect(page.locator("#status")).to_have_text("9 points, 3 clusters")
+
+
+@pytest.mark.browser
+def test_hovering_a_point_loads_its_thumbnail_and_shows_names_as_text(viewed, page):
+    _open(page, viewed, "map")
+    expect(page.locator("#map")).to_have_attribute("data-drawn", str(len(viewed["keys"])))
+    hostile = next(p for p, item in enumerate(viewed["items"]) if item["caption"] == HOSTILE_CAPTION)
+    marked = next(p for p, item in enumerate(viewed["items"]) if item["path"].endswith(MARKUP_NAME))
+    for place in (hostile, marked):
+        (point,) = _places_on_screen(page, [place])
+        with page.expect_response(lambda r, place=place: r.url.endswith(f"/items/{place}/thumbnail")) as seen:
+            page.mouse.move(point["page_x"], point["page_y"])
+        assert seen.value.status == 200  # the thumbnail was asked of this server, and it answered
+        tip = page.locator("#map-tip")
+        expect(tip).to_be_visible()
+        expect(tip).to_have_attribute("data-place", str(place))
+        assert page.locator("#map-tip-img").evaluate("i => i.decode().then(() => i.naturalWidth)") > 0
+        expect(page.locator("#map-tip-caption")).to_have_text(viewed["items"][place]["caption"])
+        expect(page.locator("#map-tip-key")).to_contain_text(viewed["keys"][place])
+    assert MARKUP_NAME in viewed["keys"][marked] or MARKUP_NAME in viewed["items"][marked]["path"]
+    assert page.locator("img[src='x']").count() == 0  # neither the caption's nor the file name's <img> is an element
+    page.mouse.move(2, 2)  # off every point: the tip goes
+    expect(page.locator("#map-tip")).to_be_hidden()
+
+
+@pytest.mark.browser
+def test_clicking_a_cluster_or_its_legend_entry_or_a_lasso_lists_its_items(viewed, page):
+    _open(page, viewed, "map")
+    expect(page.locator("#map")).to_have_attribute("data-drawn", str(len(viewed["keys"])))
+
+    def members(cluster: int) -> list[str]:
+        return [viewed["keys"][p] for p, c in enumerate(viewed["clusters"]) if c == cluster]
+
+    listed = page.locator("#grid figure .key")
+    (point,) = _places_on_screen(page, [viewed["clusters"].index(1)])
+    page.mouse.click(point["page_x"], point["page_y"])
+    expect(listed).to_have_text(members(1))
+    expect(page.locator("#map")).to_have_attribute("data-selected", "1")
+    page.locator("#legend-list button[data-cluster='2']").click()
+    expect(listed).to_have_text(members(2))
+    expect(page.locator("#status")).to_have_text("squares: 3 items, 3 shown")
+    inside = _places_on_screen(page, [p for p, c in enumerate(viewed["clusters"]) if c == 0])
+    left, right = min(p["page_x"] for p in inside) - 15, max(p["page_x"] for p in inside) + 15
+    top, bottom = min(p["page_y"] for p in inside) - 15, max(p["page_y"] for p in inside) + 15
+    page.keyboard.down("Shift")
+    page.mouse.move(left, top)
+    page.mouse.down()
+    for x, y in [(right, top), (right, bottom), (left, bottom)]:
+        page.mouse.move(x, y, steps=4)
+    page.mouse.up()
+    page.keyboard.up("Shift")
+    expect(listed).to_have_text(members(0))
+    expect(page.locator("#map")).to_have_attribute("data-selected", "lasso")
+
+
+@pytest.mark.browser
+def test_the_duplicates_view_shows_each_group_with_its_kept_item_marked(viewed, page):
+    _open(page, viewed, "duplicates")
+    groups = page.locator("#groups .group")
+    expect(groups).to_have_count(3)
+    expect(page.locator("#status")).to_have_text("3 groups of near-duplicates, 9 items, 6 to drop")
+    rows = viewed["groups"]
+    for number in range(3):
+        group = groups.nth(number)
+        keys = [k for k, g in zip(rows["key"], rows["group"], strict=True) if g == number]
+        kept = [k for k, g, keep in zip(rows["key"], rows["group"], rows["keep"], strict=True) if g == number and keep]
+        expect(group.locator("figure .key")).to_have_text(keys)  # side by side, the kept one first
+        expect(group.locator("figure.kept")).to_have_count(1)
+        expect(group.locator("figure.kept .key")).to_have_text(kept)
+        expect(group.locator("figure.kept .mark")).to_have_text("kept")
+        expect(group.locator("figure:not(.kept) .mark")).to_have_text(["similarity 0.9800", "similarity 0.9700"])
+    widths = page.locator("#groups img").evaluate_all(
+        "images => Promise.all(images.map(i => i.decode())).then(() => images.map(i => i.naturalWidth))"
+    )
+    assert len(widths) == 9 and all(0 < w <= 224 for w in widths)
+    assert HOSTILE_CAPTION in page.locator("#groups .caption").all_text_contents()
+    assert page.locator("img[src='x']").count() == 0
+    assert sum(url.endswith("/thumbnail") for url in page.requested) >= 9
+
+
+@pytest.mark.browser
+def test_a_view_without_its_table_says_which_command_writes_it(viewed, page):
+    import gemma_embed.collection as library
+
+    if hasattr(library, "ensure_map"):
+        pytest.skip("this build computes the map on first use")
+    _open(page, viewed, "map")
+    page.select_option("#output", "texts")
+    expect(page.locator("#status")).to_contain_text("gemma-embed map")
+    expect(page.locator("#status")).to_have_class("error")
+    assert page.problems == ["Failed to load resource: the server responded with a status of 404 (Not Found)"]
+    page.problems.clear()  # the 404 the page was answered, which it shows

@@ -77,7 +77,8 @@ function card(hit) {
   const caption = document.createElement("figcaption");
   const score = document.createElement("span");
   score.className = "score";
-  score.textContent = "#" + hit.rank + "  " + hit.score.toFixed(4) + "  ";
+  // a search hit's rank and score; the Map and Duplicates views' cards (views.js) have none
+  score.textContent = hit.score == null ? "" : "#" + hit.rank + "  " + hit.score.toFixed(4) + "  ";
   caption.appendChild(score);
   const text = document.createElement("span");
   text.className = "caption";
