@@ -236,7 +236,7 @@ def test_a_table_naming_items_the_output_lacks_is_refused_as_stale(viewed):
 
 # ------------------------------------------------------------------------------------------ in Chromium
 
-PALETTE = ["#4e79a7", "#f28e2b", "#e15759"]  # map.js's first three cluster colours (Tableau 10)
+PALETTE = ["#4363d8", "#f58231", "#3cb44b"]  # map.js's first three cluster colours
 expect = None  # playwright's expect, set by the chromium fixture (playwright is imported only where it is used)
 
 

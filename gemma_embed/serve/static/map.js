@@ -4,10 +4,11 @@
 // (the cells under the cursor, not a scan of every point). Loaded after gallery.js and views.js.
 "use strict";
 
-// Tableau's 20 colours: a cluster's colour is its number's place in it; points in no cluster are grey.
+// Sasha Trubetskoy's distinct colours, less the pale and grey ones (a pale point vanishes on white; grey is for
+// points in no cluster): a cluster's colour is its number's place in the list.
 const PALETTE = [
-  "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
-  "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
+  "#4363d8", "#f58231", "#3cb44b", "#e6194b", "#911eb4", "#42d4f4", "#f032e6", "#bfef45",
+  "#469990", "#9a6324", "#800000", "#808000", "#000075", "#fabed4", "#dcbeff", "#ffe119",
 ];
 const NOISE = "#c9c9c9";
 const BACKGROUND = "#ffffff";
@@ -173,16 +174,18 @@ function drawPoints(context, width, height, ratio) {
   pixels.fill(packed(BACKGROUND, false));
   const { n, x, y, cluster, view, selected, marked } = map;
   const focus = selected !== null || marked !== null;
-  const bright = new Map();
-  const faded = new Map();
+  // colours by cluster number + 1 (-1, no cluster, at 0): an array read per point, not a Map lookup
+  const top = map.clusters.reduce((most, c) => Math.max(most, c.id), -1);
+  const bright = new Uint32Array(top + 2);
+  const faded = new Uint32Array(top + 2);
   for (const c of map.clusters) {
-    bright.set(c.id, packed(clusterColour(c.id), false));
-    faded.set(c.id, packed(clusterColour(c.id), true));
+    bright[c.id + 1] = packed(clusterColour(c.id), false);
+    faded[c.id + 1] = packed(clusterColour(c.id), true);
   }
   const dot = Math.max(1, Math.round(DOT_PX * ratio));
-  const half = dot >> 1;
-  const ox = width / 2 - view.cx * view.scale;
-  const oy = height / 2 + view.cy * view.scale;
+  const ox = width / 2 - view.cx * view.scale - (dot >> 1);
+  const oy = height / 2 + view.cy * view.scale - (dot >> 1);
+  const scale = view.scale;
   let drawn = 0;
   // two passes when something is selected: the rest faded first, the selection over it
   for (let pass = focus ? 0 : 1; pass < 2; pass++) {
@@ -191,23 +194,34 @@ function drawPoints(context, width, height, ratio) {
       if (chosen !== (pass === 1)) {
         continue;
       }
-      const sx = Math.round(x[i] * view.scale + ox) - half;
-      const sy = Math.round(oy - y[i] * view.scale) - half;
+      const sx = Math.round(x[i] * scale + ox);
+      const sy = Math.round(oy - y[i] * scale);
       if (sx + dot <= 0 || sy + dot <= 0 || sx >= width || sy >= height) {
         continue;
       }
       drawn++;
-      const colour = chosen ? bright.get(cluster[i]) : faded.get(cluster[i]);
-      const x0 = Math.max(0, sx);
-      const x1 = Math.min(width, sx + dot);
-      for (let row = Math.max(0, sy); row < Math.min(height, sy + dot); row++) {
-        pixels.fill(colour, row * width + x0, row * width + x1);
+      const colour = chosen ? bright[cluster[i] + 1] : faded[cluster[i] + 1];
+      if (sx >= 0 && sy >= 0 && sx + dot <= width && sy + dot <= height) {
+        for (let row = 0, at = sy * width + sx; row < dot; row++, at += width) {
+          for (let k = 0; k < dot; k++) {
+            pixels[at + k] = colour;
+          }
+        }
+      } else {
+        // on the canvas's edge: only the pixels inside it
+        for (let row = Math.max(0, sy); row < Math.min(height, sy + dot); row++) {
+          for (let column = Math.max(0, sx); column < Math.min(width, sx + dot); column++) {
+            pixels[row * width + column] = colour;
+          }
+        }
       }
     }
   }
   return drawn;
 }
 
+// Cluster names over the map, the largest clusters' first; a name that would overlap one already drawn is left out
+// (the legend has every name).
 function drawLabels(context, width, height, ratio) {
   context.font = Math.round(12 * ratio) + "px system-ui, sans-serif";
   context.textAlign = "center";
@@ -215,7 +229,9 @@ function drawLabels(context, width, height, ratio) {
   context.lineWidth = 3 * ratio;
   context.strokeStyle = "rgba(255,255,255,0.9)";
   context.fillStyle = "#222";
-  for (const c of map.clusters) {
+  const taken = [];
+  const lineHeight = 14 * ratio;
+  for (const c of [...map.clusters].sort((a, b) => b.size - a.size)) {
     if (c.id < 0 || !c.name) {
       continue;
     }
@@ -225,6 +241,12 @@ function drawLabels(context, width, height, ratio) {
       continue;
     }
     const label = c.name.length > 40 ? c.name.slice(0, 39) + "…" : c.name; // drawn as pixels, never parsed
+    const half = context.measureText(label).width / 2 + 4 * ratio;
+    const box = [sx - half, sy - lineHeight / 2, sx + half, sy + lineHeight / 2];
+    if (taken.some((t) => box[0] < t[2] && t[0] < box[2] && box[1] < t[3] && t[1] < box[3])) {
+      continue;
+    }
+    taken.push(box);
     context.strokeText(label, sx, sy);
     context.fillText(label, sx, sy);
   }
