@@ -7,7 +7,7 @@ one is a 404 whose message names the command that writes it. Each table is read 
 size and modification time) and kept, encoded, for the next request.
 
 The map goes out columnar, not one object per point: x and y as little-endian float32, the cluster and the item's
-place in the output as little-endian int32, each base64 (100k points: 1.6 MB of JSON, decoded by the page into
+place in the output as little-endian int32, each base64 (100k points: 2.1 MB of JSON, decoded by the page into
 typed arrays without a parse per point). The clusters' names and sizes come beside them, once each. Items' captions
 and thumbnails are asked for by place, a few at a time (`records`), as the page shows them.
 """
@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from gemma_embed.errors import GemmaEmbedError
 from gemma_embed.serve.collections import Collection
 from gemma_embed.serve.openai_shapes import ApiError
 
@@ -47,7 +48,7 @@ def kept_table(kind: str, output) -> Any:
     if ensure is not None:
         try:
             return ensure(output)
-        except (ImportError, ValueError, OSError) as exc:  # a missing extra, an output it cannot lay out
+        except (GemmaEmbedError, ImportError, ValueError, OSError) as exc:  # a missing extra, an output it cannot use
             raise TableMissing(f"{' '.join(str(exc).split())} (or run `{command} {output}`)") from None
     path = getattr(library, path_of)(output)
     if not path.exists():
