@@ -1,9 +1,10 @@
 """The HTTP side: the FastAPI application, its routes, the API key, one access-log line per request, metrics.
 
 Routes (docs/serve.md): `GET /health` (alive), `GET /ready` (model loaded), `GET /metrics`, `GET /v1/models`,
-`POST /v1/embeddings`, `POST /v1/search`, `GET /v1/outputs`, `GET /v1/outputs/{name}/items/{n}/thumbnail`, and the
-gallery: `GET /` and `GET /static/{file}`. With a key every route but `/health` asks for it (auth.py); the
-gallery's routes answer a missing key with HTTP Basic's challenge, so a browser asks its user once.
+`POST /v1/embeddings`, `POST /v1/search`, `GET /v1/outputs`, `GET /v1/outputs/{name}/items/{n}/thumbnail`, the
+gallery's map, duplicates and records (collection_views.py), and the gallery: `GET /` and `GET /static/{file}`.
+With a key every route but `/health` asks for it (auth.py); the gallery's routes answer a missing key with HTTP
+Basic's challenge, so a browser asks its user once.
 
 The gate around the application is plain ASGI (not Starlette's BaseHTTPMiddleware, which would hide a client's
 disconnect from the routes): it checks the key, adds the security headers (gallery.py) to every answer, and after
