@@ -345,7 +345,8 @@ def test_hovering_a_point_loads_its_thumbnail_and_shows_names_as_text(viewed, pa
         assert page.locator("#map-tip-img").evaluate("i => i.decode().then(() => i.naturalWidth)") > 0
         expect(page.locator("#map-tip-caption")).to_have_text(viewed["items"][place]["caption"])
         expect(page.locator("#map-tip-key")).to_contain_text(viewed["keys"][place])
-    assert MARKUP_NAME in viewed["keys"][marked] or MARKUP_NAME in viewed["items"][marked]["path"]
+        expect(page.locator("#map-tip-file")).to_have_text(viewed["items"][place]["path"].rsplit("/", 1)[-1])
+    assert page.locator("#map-tip-file").text_content() == MARKUP_NAME  # the last one hovered: its name as text
     assert page.locator("img[src='x']").count() == 0  # neither the caption's nor the file name's <img> is an element
     page.mouse.move(2, 2)  # off every point: the tip goes
     expect(page.locator("#map-tip")).to_be_hidden()
@@ -402,6 +403,7 @@ def test_the_duplicates_view_shows_each_group_with_its_kept_item_marked(viewed, 
     )
     assert len(widths) == 9 and all(0 < w <= 224 for w in widths)
     assert HOSTILE_CAPTION in page.locator("#groups .caption").all_text_contents()
+    assert MARKUP_NAME in page.locator("#groups .file").all_text_contents()  # a file name holding markup, as text
     assert page.locator("img[src='x']").count() == 0
     assert sum(url.endswith("/thumbnail") for url in page.requested) >= 9
 

@@ -472,6 +472,7 @@ async function showTip(i, cssX, cssY) {
   tip.style.left = Math.min(cssX + 14, frame.clientWidth - 240) + "px";
   tip.style.top = Math.min(cssY + 14, frame.clientHeight - 260) + "px";
   $("map-tip-caption").textContent = "";
+  $("map-tip-file").textContent = "";
   $("map-tip-key").textContent = "";
   const img = $("map-tip-img");
   img.hidden = true;
@@ -481,6 +482,7 @@ async function showTip(i, cssX, cssY) {
     return; // the cursor moved on
   }
   $("map-tip-caption").textContent = found.caption || "";
+  $("map-tip-file").textContent = fileName(found.path);
   $("map-tip-key").textContent = found.key + " · " + clusterName(map.cluster[i]);
   if (found.thumbnail) {
     img.alt = found.caption || found.key;

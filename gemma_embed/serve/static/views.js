@@ -38,6 +38,22 @@ function outputPath(output) {
   return "/v1/outputs/" + encodeURIComponent(output);
 }
 
+// A card of the grid (gallery.js's) with the item's file name under it: the file a user keeps or drops. Its full
+// path is the tooltip; both are text.
+function itemCard(item) {
+  const figure = card(item);
+  const file = document.createElement("small");
+  file.className = "file";
+  file.textContent = fileName(item.path);
+  file.title = item.path || "";
+  figure.querySelector("figcaption").appendChild(file);
+  return figure;
+}
+
+function fileName(path) {
+  return path ? String(path).split("/").pop() : "";
+}
+
 async function records(output, places) {
   if (!places.length) {
     return [];
@@ -59,7 +75,7 @@ async function listItems(output, places, title) {
     if (button) {
       button.remove();
     }
-    grid.append(...found.map(card));
+    grid.append(...found.map(itemCard));
     if (shown < places.length) {
       const button = document.createElement("button");
       button.type = "button";
@@ -78,7 +94,7 @@ async function listItems(output, places, title) {
 const duplicates = { output: null, next: 0 };
 
 function groupCard(item) {
-  const figure = card(item);
+  const figure = itemCard(item);
   const note = document.createElement("span");
   note.className = item.keep ? "mark kept" : "mark";
   note.textContent = item.keep ? "kept" : "similarity " + item.similarity.toFixed(4);
