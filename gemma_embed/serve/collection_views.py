@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from gemma_embed.errors import GemmaEmbedError
+from gemma_embed.locations import Location, location
 from gemma_embed.serve.collections import Collection
 from gemma_embed.serve.openai_shapes import ApiError
 
@@ -38,7 +39,7 @@ class TableMissing(Exception):
     """No table for this view, and none could be computed: the reason, for the user."""
 
 
-def kept_table(kind: str, output) -> Any:
+def kept_table(kind: str, output) -> Location:
     """The path of the output's `kind` table (map, groups): computed by the library when it can, else the one a
     command wrote; TableMissing (with what to run) when there is none."""
     from gemma_embed import collection as library
@@ -47,7 +48,7 @@ def kept_table(kind: str, output) -> Any:
     ensure = getattr(library, function, None)  # the library's compute-on-first-use, where this build has it
     if ensure is not None:
         try:
-            return ensure(output)
+            return location(ensure(output))  # a Location, a str or a Path: the file it keeps
         except (GemmaEmbedError, ImportError, ValueError, OSError) as exc:  # a missing extra, an output it cannot use
             raise TableMissing(f"{' '.join(str(exc).split())} (or run `{command} {output}`)") from None
     path = getattr(library, path_of)(output)

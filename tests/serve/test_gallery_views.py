@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import secrets
 import shutil
 
@@ -195,6 +196,7 @@ def test_kept_table_computes_reads_or_names_the_command(tmp_path, monkeypatch):
     """The one place the views reach the library: its `ensure_*` where it has one (and its failure as the reason),
     else the table a command wrote, else what to run."""
     import gemma_embed.collection as library
+    from gemma_embed.locations import location
     from gemma_embed.serve.collection_views import TableMissing, kept_table
 
     output = tmp_path / "photos.safetensors"
@@ -204,8 +206,9 @@ def test_kept_table_computes_reads_or_names_the_command(tmp_path, monkeypatch):
     library.map_path(output).write_bytes(b"written by gemma-embed map")
     assert kept_table("map", output) == library.map_path(output)
     computed = []
-    monkeypatch.setattr(library, "ensure_groups", lambda out: computed.append(out) or "the kept table", raising=False)
-    assert kept_table("groups", output) == "the kept table" and computed == [output]
+    kept = tmp_path / "kept.parquet"
+    monkeypatch.setattr(library, "ensure_groups", lambda out: computed.append(out) or str(kept), raising=False)
+    assert kept_table("groups", output) == location(kept) and computed == [output]
 
     def without_extra(out):
         raise ImportError("gemma-embed map needs umap-learn: pip install 'gemma-embed[map]'")
@@ -213,6 +216,51 @@ def test_kept_table_computes_reads_or_names_the_command(tmp_path, monkeypatch):
     monkeypatch.setattr(library, "ensure_groups", without_extra, raising=False)
     with pytest.raises(TableMissing, match="umap-learn.*or run `gemma-embed dedup"):
         kept_table("groups", output)
+
+
+class _Items:
+    """A served output's face as the views read it (keys by place, no pictures): a group of thousands without one."""
+
+    name, modality, path = "many", "text", "many.safetensors"
+
+    def __init__(self, count: int):
+        from gemma_embed.serve.collections import Item
+
+        self.items = [Item(f"k{i}", {"path": f"/data/{i}.txt", "caption": f"text {i}"}) for i in range(count)]
+
+    def item(self, place):
+        return self.items[place] if 0 <= place < len(self.items) else None
+
+    def place(self, key):
+        return int(key[1:]) if key.startswith("k") and int(key[1:]) < len(self.items) else None
+
+    def thumbnail_route(self, place, path):
+        return None
+
+
+def test_a_large_group_is_one_small_answer_kept_item_first():
+    """5,000 items in one group and a pair: the page lists 24 of the large one, the kept first and then the most
+    similar, and counts the rest; groups come in their numbers' order, a page at a time."""
+    from gemma_embed.serve.collection_views import GROUP_ITEMS_SHOWN, _group_answer, _groups_of
+
+    big = 5000
+    similarity = np.linspace(0.9, 0.99, big)
+    rows = {
+        "key": [f"k{i}" for i in range(big + 2)],
+        "group": [1] * big + [0, 0],
+        "keep": [i == 17 for i in range(big)] + [False, True],
+        "similarity": [*similarity.tolist(), 0.95, 1.0],
+        "path": [f"/data/{i}.txt" for i in range(big + 2)],
+    }
+    every = _groups_of(_Items(big + 2), pa.table(rows))
+    assert (every["count"], every["items"]) == (2, big + 2)
+    pair, large = (_group_answer(_Items(big + 2), group) for group in every["groups"])
+    assert (pair["group"], [i["index"] for i in pair["items"]]) == (0, [big + 1, big])  # the kept one first
+    assert large["size"] == big and len(large["items"]) == GROUP_ITEMS_SHOWN == 24
+    assert large["items"][0]["index"] == 17 and large["items"][0]["keep"]
+    shown = [i["similarity"] for i in large["items"][1:]]
+    assert shown == sorted(similarity[np.arange(big) != 17].tolist(), reverse=True)[: GROUP_ITEMS_SHOWN - 1]
+    assert len(json.dumps(large)) < 10_000
 
 
 def test_a_table_naming_items_the_output_lacks_is_refused_as_stale(viewed):
@@ -326,6 +374,27 @@ def test_the_map_draws_every_point_in_its_clusters_colour(viewed, page):
     assert legend == CLUSTER_NAMES  # the markup in a cluster's name shown as text
     assert page.locator("#legend-list b").count() == 0
     expect(page.locator("#status")).to_have_text("9 points, 3 clusters")
+
+
+@pytest.mark.browser
+def test_zooming_in_draws_what_is_in_view_and_a_double_click_fits_every_point_again(viewed, page):
+    _open(page, viewed, "map")
+    canvas = page.locator("#map")
+    n = len(viewed["keys"])
+    expect(canvas).to_have_attribute("data-drawn", str(n))
+    (point,) = _places_on_screen(page, [viewed["clusters"].index(2)])
+    page.mouse.move(point["page_x"], point["page_y"])
+    frames = int(canvas.get_attribute("data-frames"))
+    page.mouse.wheel(0, -1500)  # zoom in on that point: the other clusters leave the canvas
+    expect(canvas).to_have_attribute("data-drawn", re.compile(r"^[1-8]$"))  # some points, not all, not none
+    assert int(canvas.get_attribute("data-frames")) > frames
+    (after,) = _places_on_screen(page, [viewed["clusters"].index(2)])
+    assert _pixel(page, after["x"], after["y"]) == PALETTE[2]
+    # the zoom is about the cursor: the point stays under it (within the rounding of the mouse event's whole
+    # pixels, times the zoom)
+    assert abs(after["x"] - point["x"]) < 12 and abs(after["y"] - point["y"]) < 12
+    canvas.dblclick(position={"x": 3, "y": 3})
+    expect(canvas).to_have_attribute("data-drawn", str(n))
 
 
 @pytest.mark.browser
