@@ -39,13 +39,34 @@ class TableMissing(Exception):
     """No table for this view, and none could be computed: the reason, for the user."""
 
 
+# Where the library's compute-on-first-use functions are defined: the package (the contract's names), or the
+# tables module of the dedup/map commands' branch (issue 49). Absent in a build without them.
+LIBRARY_MODULES = ("gemma_embed.collection", "gemma_embed.collection.tables")
+
+
+def library_function(name: str):
+    """The library's `ensure_map` / `ensure_groups`, or None where this build has no such function."""
+    import importlib
+
+    for module in LIBRARY_MODULES:
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise  # the module is there and fails inside: a bug to see, not a missing feature
+            continue
+        if found is not None:
+            return found
+    return None
+
+
 def kept_table(kind: str, output) -> Location:
     """The path of the output's `kind` table (map, groups): computed by the library when it can, else the one a
     command wrote; TableMissing (with what to run) when there is none."""
     from gemma_embed import collection as library
 
     function, command, path_of = KINDS[kind]
-    ensure = getattr(library, function, None)  # the library's compute-on-first-use, where this build has it
+    ensure = library_function(function)
     if ensure is not None:
         try:
             return location(ensure(output))  # a Location, a str or a Path: the file it keeps
