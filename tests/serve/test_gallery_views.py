@@ -493,12 +493,16 @@ def test_the_duplicates_view_shows_each_group_with_its_kept_item_marked(viewed, 
     assert sum(url.endswith("/thumbnail") for url in page.requested) >= 9
 
 
-@pytest.mark.browser
-def test_a_view_without_its_table_says_which_command_writes_it(viewed, page):
+@pytest.fixture
+def no_map_computing():
     from gemma_embed.serve.collection_views import library_function
 
     if library_function("ensure_map") is not None:
         pytest.skip("this build computes the map on first use")
+
+
+@pytest.mark.browser
+def test_a_view_without_its_table_says_which_command_writes_it(no_map_computing, viewed, page):
     _open(page, viewed, "map")
     page.select_option("#output", "texts")
     expect(page.locator("#status")).to_contain_text("gemma-embed map")
