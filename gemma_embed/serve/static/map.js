@@ -306,6 +306,8 @@ async function loadMap(output) {
   $("legend-list").replaceChildren();
   map.x = null;
   map.output = output;
+  // the server computes a missing map first (gemma-embed map): at collection scale, minutes
+  say("Loading the map of " + output + " (made now if it has none yet)...", false);
   const body = await answer(await fetch(outputPath(output) + "/map"));
   if (map.output !== output) {
     return; // another collection was chosen meanwhile

@@ -125,6 +125,7 @@ async function loadGroups(output, fresh) {
     duplicates.output = output;
     duplicates.next = 0;
     $("groups").replaceChildren();
+    say("Loading the duplicates of " + output + " (found now if they were not yet)...", false);
   }
   const body = await answer(await fetch(outputPath(output) + "/duplicates?offset=" + duplicates.next + "&limit=30"));
   if (duplicates.output !== output) {
