@@ -1,9 +1,10 @@
 """The HTTP side: the FastAPI application, its routes, the API key, one access-log line per request, metrics.
 
 Routes (docs/serve.md): `GET /health` (alive), `GET /ready` (model loaded), `GET /metrics`, `GET /v1/models`,
-`POST /v1/embeddings`, `POST /v1/search`, `GET /v1/outputs`, `GET /v1/outputs/{name}/items/{n}/thumbnail`, and the
-gallery: `GET /` and `GET /static/{file}`. With a key every route but `/health` asks for it (auth.py); the
-gallery's routes answer a missing key with HTTP Basic's challenge, so a browser asks its user once.
+`POST /v1/embeddings`, `POST /v1/search`, `GET /v1/outputs`, `GET /v1/outputs/{name}/items/{n}/thumbnail`, the
+gallery's map, duplicates and records (collection_views.py), and the gallery: `GET /` and `GET /static/{file}`.
+With a key every route but `/health` asks for it (auth.py); the gallery's routes answer a missing key with HTTP
+Basic's challenge, so a browser asks its user once.
 
 The gate around the application is plain ASGI (not Starlette's BaseHTTPMiddleware, which would hide a client's
 disconnect from the routes): it checks the key, adds the security headers (gallery.py) to every answer, and after
@@ -22,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from gemma_embed.serve import gallery
+from gemma_embed.serve import collection_views, gallery
 from gemma_embed.serve.auth import key_matches
 from gemma_embed.serve.metrics import Metrics
 from gemma_embed.serve.openai_shapes import (
@@ -306,6 +307,8 @@ def make_app(
         if picture is None:
             raise ApiError(404, f"{name} has no picture at item {place}", code="not_found")
         return Response(picture, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=3600"})
+
+    collection_views.add_routes(app, service)  # the gallery's Map and Duplicates views
 
     @app.get("/")
     async def page():

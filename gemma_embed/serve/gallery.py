@@ -26,6 +26,9 @@ SECURITY_HEADERS = {
 STATIC_TYPES = {
     "gallery.js": "text/javascript; charset=utf-8",
     "gallery.css": "text/css; charset=utf-8",
+    "views.js": "text/javascript; charset=utf-8",  # the Map and Duplicates views (collection_views.py's tables)
+    "map.js": "text/javascript; charset=utf-8",
+    "views.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
 PAGE = "gallery.html"

@@ -334,6 +334,9 @@ def test_thumbnails_are_only_the_collections_items(served):
         assert b"do-not-serve" not in body and b"import" not in body and b"root:" not in body
 
 
+SCRIPTS = ["/static/gallery.js", "/static/views.js", "/static/map.js"]  # the page's scripts: the server's files only
+
+
 class _Page(HTMLParser):
     def __init__(self):
         super().__init__()
@@ -353,11 +356,12 @@ def test_the_gallery_page_has_no_inline_script_and_a_strict_policy(served):
     assert policy["img-src"] == "'self'" and policy["connect-src"] == "'self'"
     page = _Page()
     page.feed(body.decode())
-    assert page.scripts == ["/static/gallery.js"] and page.handlers == []
+    assert page.scripts == SCRIPTS and page.handlers == []
     assert headers["x-content-type-options"] == "nosniff"
-    status, headers, script = call(served["server"], "GET", "/static/gallery.js", headers=AUTH)
-    assert status == 200 and headers["content-type"].startswith("text/javascript")
-    assert b"innerHTML" not in script  # strings reach the page as text only
+    for name in SCRIPTS:
+        status, headers, script = call(served["server"], "GET", name, headers=AUTH)
+        assert status == 200 and headers["content-type"].startswith("text/javascript")
+        assert b"innerHTML" not in script and b"insertAdjacentHTML" not in script  # strings reach the page as text
 
 
 def test_health_ready_models_and_metrics(served, client):
@@ -435,9 +439,7 @@ def test_the_gallery_answers_a_query_with_thumbnails_and_shows_captions_as_text(
     assert len(widths) == 3 and all(0 < width <= 224 for width in widths)
     captions = page.locator("#grid .caption").all_text_contents()
     assert HOSTILE_CAPTION in captions  # shown as the text it is
-    assert page.locator("script").evaluate_all("nodes => nodes.map(n => n.getAttribute('src'))") == [
-        "/static/gallery.js"
-    ]
+    assert page.locator("script").evaluate_all("nodes => nodes.map(n => n.getAttribute('src'))") == SCRIPTS
     assert page.locator("#grid img[src='x']").count() == 0  # the caption's <img> is no element
     expect(page.locator("#status")).to_contain_text("3 results from gallery")
     page.set_input_files("#image", str(served["folder"] / "square.webp"))  # an image query: itself first
