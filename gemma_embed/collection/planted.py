@@ -24,9 +24,11 @@ def write_vectors(
     items: list[dict] | None = None,
     rows_per_item: list[int] | None = None,
     header: dict | None = None,
+    dtype: str = "float32",
 ) -> Location:
-    """An output holding `vectors` as its rows (float32): one row per item, or `rows_per_item` rows each; keys
-    `i0000000`..., items' metadata `{"path": KEY.jpg, "sha256": a digest unique to the item}` unless given."""
+    """An output holding `vectors` as its rows (stored as `dtype`: float32, float16 or bfloat16): one row per item,
+    or `rows_per_item` rows each; keys `i0000000`..., items' metadata `{"path": KEY.jpg, "sha256": a digest
+    unique to the item}` unless given."""
     import torch
 
     from gemma_embed import __version__
@@ -41,13 +43,14 @@ def write_vectors(
         "format": FORMAT,
         "created_by": f"gemma-embed {__version__}",
         **(header or HEADER),
+        "dtype": dtype,
         "keys": json.dumps(keys, ensure_ascii=True),
         "items": json.dumps(items, ensure_ascii=True),
     }
     rows = torch.from_numpy(np.ascontiguousarray(vectors, np.float32))
     bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
     blocks = (rows[bounds[i] : bounds[i + 1]] for i in range(len(counts)))
-    return write_embedding_file(path, metadata, counts, rows.shape[1], torch.float32, blocks)
+    return write_embedding_file(path, metadata, counts, rows.shape[1], getattr(torch, dtype), blocks)
 
 
 def gaussian_clusters(

@@ -2,8 +2,8 @@
 
 A retrieval output has one row per item: that row, L2-normalised. An output of soft tokens (several rows per item)
 gives each item the mean of its rows, L2-normalised (`pooled`): the same vector `--pool mean` would have written.
-Rows are read a block at a time (`store.iter_row_blocks`, memory-mapped), so the only array the size of the
-collection is the result: N x D float32 (1M x 768: 3.1 GB).
+Rows are read a block at a time with plain reads (float32 rows of one-row items straight into place), so the
+only array the size of the collection is the result: N x D float32 (1M x 768: 3.1 GB).
 """
 
 from __future__ import annotations
@@ -38,37 +38,41 @@ class ItemVectors:
 def item_vectors(output: str | os.PathLike) -> ItemVectors:
     """Every item's unit vector (see the module's note), in output order. An item whose rows sum to zero (a zero
     vector) stays zero: it is similar to nothing."""
-    import torch
-
-    from gemma_embed.store import iter_row_blocks, output_index
+    from gemma_embed.store import output_index
 
     where = output_location(output)
     files = output_index(where)
     keys = [key for file in files for key in file.keys]
     items = [item for file in files for item in file.items]
-    bounds = np.concatenate([[0], np.cumsum([len(f.offsets) - 1 for f in files])]).astype(np.int64)
-    rows_per_item = np.concatenate([f.offsets.diff().numpy() for f in files]) if files else np.zeros(0, np.int64)
-    count = len(keys)
-    width = _width(files)
-    pooled = bool(count) and bool((rows_per_item != 1).any())
-    vectors = np.zeros((count, width), np.float32)
-    for block in iter_row_blocks(where, READ_BLOCK_ROWS, files):
-        rows = block.rows.to(torch.float32).numpy()
-        offsets = files[block.file].offsets.numpy()
-        first_row, end_row = block.start, block.start + len(rows)
-        if not pooled:  # one row per item: rows are items
-            begin = int(bounds[block.file]) + first_row
-            vectors[begin : begin + len(rows)] = rows
-            continue
-        # the file's items that have rows in this block, and where each one's rows start in it
-        lo = int(np.searchsorted(offsets, first_row, side="right")) - 1
-        hi = int(np.searchsorted(offsets, end_row, side="left"))
-        starts = np.clip(offsets[lo:hi], first_row, end_row) - first_row
-        touched = np.arange(lo, hi)
-        nonempty = starts < np.clip(offsets[lo + 1 : hi + 1], first_row, end_row) - first_row
-        starts, touched = starts[nonempty], touched[nonempty]
-        if len(starts):
-            vectors[bounds[block.file] + touched] += np.add.reduceat(rows, starts, axis=0)
+    layouts = [_rows_layout(file.path) for file in files]
+    widths = {layout[2] for layout in layouts if layout[1]}
+    if len(widths) > 1:
+        raise ValueError(f"{where}: files of different widths {sorted(widths)}")
+    width = widths.pop() if widths else 0
+    pooled = any(bool((file.offsets.diff() != 1).any()) for file in files)
+    vectors = np.zeros((len(keys), width), np.float32)
+    first_item = 0
+    for file, (dtype, rows, _, data_start) in zip(files, layouts, strict=True):
+        offsets = file.offsets.numpy()
+        with file.path.open_input() as fh:
+            for begin in range(0, rows, READ_BLOCK_ROWS):
+                end = min(rows, begin + READ_BLOCK_ROWS)
+                if not pooled and dtype == "F32":  # rows are items, stored as float32: read into place
+                    _read_into(fh, data_start + begin * width * 4, vectors[first_item + begin : first_item + end])
+                    continue
+                block = _read_rows(fh, data_start, dtype, begin, end, width)
+                if not pooled:
+                    vectors[first_item + begin : first_item + end] = block
+                    continue
+                # the file's items that have rows in this block, and where each one's rows start in it
+                lo = int(np.searchsorted(offsets, begin, side="right")) - 1
+                hi = int(np.searchsorted(offsets, end, side="left"))
+                starts = np.clip(offsets[lo:hi], begin, end) - begin
+                stops = np.clip(offsets[lo + 1 : hi + 1], begin, end) - begin
+                touched = np.arange(lo, hi)[starts < stops]
+                if len(touched):
+                    vectors[first_item + touched] += np.add.reduceat(block, starts[starts < stops], axis=0)
+        first_item += len(offsets) - 1
     _normalise(vectors)
     order = _output_order(where, keys)
     if order is not None:
@@ -78,13 +82,38 @@ def item_vectors(output: str | os.PathLike) -> ItemVectors:
     return ItemVectors(where, keys, items, vectors, pooled)
 
 
-def _width(files) -> int:
-    from safetensors import safe_open
+def _rows_layout(path: Location) -> tuple[str, int, int, int]:
+    """(stored dtype, rows, width, byte offset of the first row) of one file's embeddings, from its header."""
+    from gemma_embed.store.row_table import STORED_DTYPES, _tensor, read_file_header
 
-    for file in files:
-        with file.path.input_by_name() as (_, name), safe_open(name, framework="numpy") as fh:
-            return int(fh.get_slice("embeddings").get_shape()[1])
-    return 0
+    _, tensors, start = read_file_header(path)
+    dtype, shape, data_start, _ = _tensor(path, tensors, start, "embeddings")
+    if dtype not in STORED_DTYPES or len(shape) != 2:
+        raise ValueError(f"{path}: embeddings of dtype {dtype} and shape {shape} are no vectors to compare")
+    return dtype, int(shape[0]), int(shape[1]), data_start
+
+
+def _read_into(fh, offset: int, out: np.ndarray) -> None:
+    """Read `out`'s bytes from `offset` of an open file straight into it. Plain reads, not a memory map: a mapped
+    output's pages would count in the process's resident memory beside the vectors (3 GB more at 1M x 768)."""
+    fh.seek(offset)
+    view = memoryview(out.reshape(-1).view(np.uint8))
+    done = 0
+    while done < len(view):
+        got = fh.readinto(view[done:])
+        if not got:
+            raise ValueError(f"{getattr(fh, 'name', 'output')}: shorter than its header says (truncated?)")
+        done += got
+
+
+def _read_rows(fh, data_start: int, dtype: str, begin: int, end: int, width: int) -> np.ndarray:
+    """Rows begin..end of a file as float32 (bfloat16 is stored as the top half of a float32)."""
+    stored = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[dtype]
+    raw = np.empty((end - begin, width), stored)
+    _read_into(fh, data_start + begin * width * raw.itemsize, raw)
+    if dtype == "BF16":
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    return raw.astype(np.float32, copy=False)
 
 
 def _normalise(vectors: np.ndarray, block: int = READ_BLOCK_ROWS) -> None:

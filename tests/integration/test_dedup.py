@@ -127,6 +127,25 @@ def test_pooled_soft_tokens_are_the_mean_of_each_items_rows(tmp_path):
     assert table_groups(table) == {frozenset({0, 2})} and read_record(table)["vectors"] == "pooled"
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("rows_per_item", [None, [2, 3, 1, 4, 2, 3]])
+def test_item_vectors_read_every_stored_dtype(tmp_path, dtype, rows_per_item):
+    import torch
+
+    from gemma_embed.collection.vectors import item_vectors
+
+    rng = np.random.default_rng(9)
+    count = 6 if rows_per_item is None else sum(rows_per_item)
+    rows = rng.standard_normal((count, 24)).astype(np.float32)
+    path = planted.write_vectors(tmp_path / "v.safetensors", rows, rows_per_item=rows_per_item, dtype=dtype)
+    stored = torch.from_numpy(rows).to(getattr(torch, dtype)).float().numpy()  # what the file holds
+    bounds = np.cumsum([0, *(rows_per_item or [1] * count)])
+    means = np.stack([stored[a:b].mean(axis=0) for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+    found = item_vectors(path)
+    assert found.pooled == (rows_per_item is not None)
+    np.testing.assert_allclose(found.vectors, means / np.linalg.norm(means, axis=1, keepdims=True), atol=1e-6)
+
+
 @pytest.mark.parametrize("threshold", [1.5, -2, float("nan")])
 def test_a_threshold_outside_minus_one_to_one_is_refused(repeats, threshold):
     with pytest.raises(UsageError, match="threshold: a cosine is between -1 and 1"):
