@@ -81,9 +81,13 @@ def output_for(items: int, width: int) -> Path:
 
 def run(args) -> dict:
     import gemma_embed
+    from gemma_embed.collection import dedup, layout, tables  # noqa: F401 - imported before the baseline
     from gemma_embed.collection.tables import read_record
 
     path = output_for(args.items, args.width)
+    from bench.common import reset_peak_rss
+
+    baseline = reset_peak_rss()  # the interpreter with numpy, pyarrow and the tool imported: before any vector
     started, cpu = time.perf_counter(), time.process_time()
     if args.what == "dedup":
         table = gemma_embed.dedup(path, threshold=args.threshold, method=args.method)
@@ -102,6 +106,8 @@ def run(args) -> dict:
         "peak_rss_mib": round(peak_rss() / 2**20),
         "vectors_mib": round(vector_bytes / 2**20),
         "peak_over_vectors": round(peak_rss() / vector_bytes, 2),
+        "baseline_rss_mib": round(baseline / 2**20),
+        "growth_over_vectors": round((peak_rss() - baseline) / vector_bytes, 2),
         "cpu": cpu_name(),
     }
     keep = ("method", "threshold", "groups", "drop", "pairs", "recall", "settings", "clusters", "fitted_on")
