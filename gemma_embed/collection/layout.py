@@ -30,6 +30,7 @@ NEIGHBORS = 15
 MIN_DIST = 0.0  # points packed by neighbourhood: the clusters stand apart (silhouette), the gallery spreads them
 NAME_KEYS = 3
 PLACED_NEIGHBORS = 5
+SPECTRAL_FROM = 100  # items: below, UMAP starts from random points
 TRANSFORM_BLOCK = 50_000
 MAP_EXTRA = "pip install 'gemma-embed[map]'"
 
@@ -105,6 +106,8 @@ def _layout(vectors: np.ndarray, seed: int, sample: int, neighbors: int, progres
         n_neighbors=min(neighbors, len(fit_rows) - 1),
         n_components=2,
         min_dist=MIN_DIST,
+        # umap-learn's spectral start fails on a graph of a handful of points (scipy's eigsh needs k < N)
+        init="spectral" if len(fit_rows) >= SPECTRAL_FROM else "random",
         random_state=seed,
         transform_seed=seed,
         n_jobs=1,  # a seed makes umap-learn run on one thread anyway; said here so it does not warn

@@ -38,23 +38,27 @@ class ItemVectors:
 def item_vectors(output: str | os.PathLike) -> ItemVectors:
     """Every item's unit vector (see the module's note), in output order. An item whose rows sum to zero (a zero
     vector) stays zero: it is similar to nothing."""
-    from gemma_embed.store import output_index
+    from contextlib import ExitStack
+
+    from gemma_embed.store.reader import _files, _open_rows
 
     where = output_location(output)
-    files = output_index(where)
+    with ExitStack() as stack:  # headers only, through safetensors' numpy reader: torch is not imported
+        files = [_open_rows(file, stack, "numpy") for file in _files(where)]
     keys = [key for file in files for key in file.keys]
     items = [item for file in files for item in file.items]
-    layouts = [_rows_layout(file.path) for file in files]
+    counts = [np.asarray([item["rows"] for item in file.items], np.int64) for file in files]
+    layouts = [_rows_layout(file.file) for file in files]
     widths = {layout[2] for layout in layouts if layout[1]}
     if len(widths) > 1:
         raise ValueError(f"{where}: files of different widths {sorted(widths)}")
     width = widths.pop() if widths else 0
-    pooled = any(bool((file.offsets.diff() != 1).any()) for file in files)
+    pooled = any(bool((rows != 1).any()) for rows in counts)
     vectors = np.zeros((len(keys), width), np.float32)
     first_item = 0
-    for file, (dtype, rows, _, data_start) in zip(files, layouts, strict=True):
-        offsets = file.offsets.numpy()
-        with file.path.open_input() as fh:
+    for file, file_counts, (dtype, rows, _, data_start) in zip(files, counts, layouts, strict=True):
+        offsets = np.concatenate([[0], np.cumsum(file_counts)])
+        with file.file.open_input() as fh:
             for begin in range(0, rows, READ_BLOCK_ROWS):
                 end = min(rows, begin + READ_BLOCK_ROWS)
                 if not pooled and dtype == "F32":  # rows are items, stored as float32: read into place
