@@ -29,6 +29,7 @@ DATA = Path("/tmp/gemma-embed-bench-collection")
 
 CLUSTERS = 100
 CHUNK = 10_000
+SHARD_ITEMS = 250_000
 
 
 def output_for(items: int, width: int) -> Path:
@@ -39,10 +40,11 @@ def output_for(items: int, width: int) -> Path:
 
     from gemma_embed import FORMAT
     from gemma_embed.collection import planted
+    from gemma_embed.store import output_files, shard_path, write_index
     from gemma_embed.store.tensors_file import write_embedding_file
 
     path = DATA / f"planted-{items}x{width}.safetensors"
-    if path.exists():
+    if output_files(path):
         return path
     DATA.mkdir(parents=True, exist_ok=True)
     repeats = items // 100
@@ -68,14 +70,27 @@ def output_for(items: int, width: int) -> Path:
             tensor = torch.from_numpy(rows)
             yield from (tensor[i : i + 1] for i in range(len(tensor)))
 
+    # shards of SHARD_ITEMS items and an index, as `--shard-size` writes them: safetensors refuses a header over
+    # 100 MB, which 1M items' keys and metadata in one file would be
     keys = [f"i{i:07d}" for i in range(items)]
-    metadata = {
-        "format": FORMAT,
-        **planted.HEADER,
-        "keys": json.dumps(keys),
-        "items": json.dumps([{"path": f"{k}.jpg", "sha256": f"{i:064x}", "rows": 1} for i, k in enumerate(keys)]),
-    }
-    write_embedding_file(path, metadata, [1] * items, width, torch.float32, item_rows())
+    rows = item_rows()
+    files, located = [], []
+    for number, begin in enumerate(range(0, items, SHARD_ITEMS)):
+        part = keys[begin : begin + SHARD_ITEMS]
+        metadata = {
+            "format": FORMAT,
+            **planted.HEADER,
+            "keys": json.dumps(part),
+            "items": json.dumps(
+                [{"path": f"{k}.jpg", "sha256": f"{begin + j:064x}", "rows": 1} for j, k in enumerate(part)]
+            ),
+        }
+        shard_rows = (next(rows) for _ in part)
+        files.append(
+            write_embedding_file(shard_path(path, number), metadata, [1] * len(part), width, torch.float32, shard_rows)
+        )
+        located += [(key, number) for key in part]
+    write_index(path, files, located)
     return path
 
 
@@ -134,7 +149,9 @@ def main() -> None:
     if args.prepare:
         print(output_for(args.items, args.width))
         return
-    if not (DATA / f"planted-{args.items}x{args.width}.safetensors").exists():  # written in a process of its own
+    from gemma_embed.store import output_files
+
+    if not output_files(DATA / f"planted-{args.items}x{args.width}.safetensors"):  # in a process of its own
         import subprocess
         import sys
 

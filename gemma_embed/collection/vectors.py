@@ -131,12 +131,10 @@ def _normalise(vectors: np.ndarray, block: int = READ_BLOCK_ROWS) -> None:
 def _output_order(where: Location, keys: list[str]) -> np.ndarray | None:
     """The permutation from the files' concatenation to the output's order, where a shard index lists its keys in
     another order; None when they are the same order (the usual case: nothing is copied)."""
-    from gemma_embed.store import read_metadata
+    from gemma_embed.store.reader import _index_keys
 
-    if where.suffix != ".json" and where.exists():
-        return None  # a single file: its order is the output's
-    listed = read_metadata(where)["keys"]
-    if listed == keys:
+    indexed = _index_keys(where)
+    if indexed is None or list(indexed[1]) == keys:
         return None
     position = {key: i for i, key in enumerate(keys)}
-    return np.asarray([position[key] for key in listed], np.int64)
+    return np.asarray([position[key] for key in indexed[1]], np.int64)

@@ -166,3 +166,23 @@ def test_ensure_groups_keeps_a_current_table_and_renews_a_stale_one(tmp_path, re
     assert read_record(where)["items"] == 301 and read_table(where).num_rows == len(
         gemma_embed.dedup(path, threshold=0.95)
     )
+
+
+def test_a_sharded_output_is_read_in_its_index_order(tmp_path):
+    """Two shards whose index lists the keys interleaved: the vectors come in the index's order, as `load` gives."""
+    from gemma_embed.collection.vectors import item_vectors
+    from gemma_embed.store import shard_path, write_index
+
+    rng = np.random.default_rng(10)
+    out = tmp_path / "sharded.safetensors"
+    rows = rng.standard_normal((6, 8)).astype(np.float32)
+    files = [
+        planted.write_vectors(shard_path(out, 0), rows[:3], keys=["a", "c", "e"]),
+        planted.write_vectors(shard_path(out, 1), rows[3:], keys=["b", "d", "f"]),
+    ]
+    write_index(out, files, [("a", 0), ("b", 1), ("c", 0), ("d", 1), ("e", 0), ("f", 1)])
+    found = item_vectors(out)
+    loaded = gemma_embed.load(out)
+    assert found.keys == list(loaded) == ["a", "b", "c", "d", "e", "f"]
+    expected = np.stack([loaded[key][0].numpy() for key in found.keys])
+    np.testing.assert_allclose(found.vectors, expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=1e-6)
