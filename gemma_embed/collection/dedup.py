@@ -44,7 +44,9 @@ CELL_ITEMS = 1_000
 TRAIN_PER_CELL = 40
 TRAIN_AT_LEAST = 20_000  # the codes' per-dimension ranges come from the training rows too
 NPROBE = 8
-CODE_MARGIN = 0.03  # 8-bit codes of unit vectors move a cosine by < 0.01 (measured: bench_collection.py)
+# 8-bit codes (ranges trained on 20k rows) moved a cosine by at most 0.0046 (clustered) and 0.0057 (random unit
+# vectors) over 2000 x 30000 pairs at 768 wide (faiss QT_8bit, measured on the 2-core EPYC): 0.03 is five times that.
+CODE_MARGIN = 0.03
 SEARCH_BLOCK = 16_384  # items per range search call (its result arrays stay small)
 RECALL_QUERIES = 500
 RECALL_BLOCK_BYTES = 64 << 20

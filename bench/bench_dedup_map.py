@@ -1,7 +1,7 @@
 """`gemma-embed dedup` and `gemma-embed map` at collection scale: time and peak memory.
 
-    python -m bench.bench_collection dedup --items 100000 [--width 768] [--method auto|exact|index] [--threshold 0.95]
-    python -m bench.bench_collection map   --items 100000 [--width 768]
+    python -m bench.bench_dedup_map dedup --items 100000 [--width 768] [--method auto|exact|index] [--threshold 0.95]
+    python -m bench.bench_dedup_map map   --items 100000 [--width 768]
 
 Each run writes (once, reused, in a process of its own) an output of ITEMS unit float32 vectors of WIDTH in the
 tool's layout (`output_for`): 100 Gaussian clusters (noise 0.8 around unit centres) with 1% exact and 1% near
@@ -155,7 +155,7 @@ def main() -> None:
         import subprocess
         import sys
 
-        command = [sys.executable, "-m", "bench.bench_collection", args.what, "--prepare"]
+        command = [sys.executable, "-m", "bench.bench_dedup_map", args.what, "--prepare"]
         subprocess.run([*command, "--items", str(args.items), "--width", str(args.width)], check=True)
     print(json.dumps(run(args)))
 
