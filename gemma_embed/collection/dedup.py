@@ -104,7 +104,7 @@ def dedup(
     chosen = method if method != "auto" else ("exact" if count < EXACT_BELOW else "index")
     report = DedupReport(chosen, threshold, keep, count)
     components = Components(count)
-    report.same_content = _join_same_content(found.items, components)
+    report.same_content = _join_same_content(found.facts.digests, components)
     scan = _exact_pairs if chosen == "exact" else _index_pairs
     report.settings = dict(ivf or {})
     report.pairs = scan(found.vectors, threshold, components, report, seed, progress)
@@ -119,13 +119,12 @@ def dedup(
 # ------------------------------------------------------------------------------------------ same content
 
 
-def _join_same_content(items: list[dict], components: Components) -> int:
+def _join_same_content(digests: list[str | None], components: Components) -> int:
     """An edge from each item to the first item with its content hash; returns how many items got one."""
     first: dict[str, int] = {}
     left, right = [], []
-    for i, item in enumerate(items):
-        digest = item.get("sha256")
-        if not isinstance(digest, str) or not digest:
+    for i, digest in enumerate(digests):
+        if digest is None:
             continue
         j = first.setdefault(digest, i)
         if j != i:
@@ -276,17 +275,18 @@ def _recall(vectors: np.ndarray, threshold: float, sampled: np.ndarray, found: d
 
 def _keep_order(found: ItemVectors, rule: str) -> np.ndarray:
     """A rank for each item (lower: kept first), by the rule; ties go to the first in output order."""
-    count = len(found.items)
+    count = len(found.keys)
     if rule == "first":
         return np.arange(count)
+    facts = found.facts
     if rule in ("largest", "smallest"):
-        value = np.asarray([_size(item) for item in found.items], np.float64)
+        # pixels where the metadata has width and height, else bytes
+        value = np.where(np.isnan(facts.pixels), facts.sizes, facts.pixels).astype(np.float64)
         if not np.isfinite(value).any():
             raise UsageError(f"keep={rule}: the output's items have no width and height, nor bytes")
-        value = np.nan_to_num(value, nan=-1.0 if rule == "largest" else np.inf)
-        value = -value if rule == "largest" else value
+        value = np.nan_to_num(-value if rule == "largest" else value, nan=np.inf)
     else:
-        value = np.asarray([float(item.get("mtime", np.nan)) for item in found.items], np.float64)
+        value = np.asarray(facts.mtimes, np.float64)
         if not np.isfinite(value).any():
             raise UsageError(f"keep={rule}: the output's items have no mtime")
         value = np.nan_to_num(-value if rule == "newest" else value, nan=np.inf)
@@ -294,16 +294,6 @@ def _keep_order(found: ItemVectors, rule: str) -> np.ndarray:
     rank = np.empty(count, np.int64)
     rank[ranked] = np.arange(count)
     return rank
-
-
-def _size(item: dict) -> float:
-    """An item's size for `largest`/`smallest`: its pixels where its metadata says (images, video), else bytes."""
-    try:
-        if "width" in item and "height" in item:
-            return float(item["width"]) * float(item["height"])
-        return float(item["bytes"])
-    except (KeyError, TypeError, ValueError):
-        return float("nan")
 
 
 def _groups(labels: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ only array the size of the collection is the result: N x D float32 (1M x 768: 3.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,18 +21,53 @@ READ_BLOCK_ROWS = 65_536  # 200 MB of float32 at 768 wide: the one block in memo
 
 @dataclass(frozen=True)
 class ItemVectors:
-    """The output's items in its order: keys, metadata, and one unit vector each (float32 [N, D]); `pooled` when
-    the vectors are means of several rows."""
+    """The output's items in its order: keys, one unit vector each (float32 [N, D]; `pooled` when the vectors are
+    means of several rows), and of each item's metadata only what dedup and map read (`ItemFacts`): a million
+    items' metadata as dicts is 400 MB more beside the vectors."""
 
     output: Location
     keys: list[str]
-    items: list[dict]
+    facts: ItemFacts
     vectors: np.ndarray
     pooled: bool
 
     def paths(self) -> list[str]:
         """Each item's source as its metadata names it (its key where it names none)."""
-        return [str(item.get("path", key)) for key, item in zip(self.keys, self.items, strict=True)]
+        return [key if path is None else path for key, path in zip(self.keys, self.facts.paths, strict=True)]
+
+
+@dataclass
+class ItemFacts:
+    """What dedup and map read of the items' metadata, as columns: `path`, the content hash (`sha256`), the size
+    (`width` x `height` where given: `pixels`; `bytes`) and `mtime`; None or NaN where an item has none."""
+
+    paths: list[str | None] = field(default_factory=list)
+    digests: list[str | None] = field(default_factory=list)
+    pixels: list[float] = field(default_factory=list)
+    sizes: list[float] = field(default_factory=list)
+    mtimes: list[float] = field(default_factory=list)
+
+    def extend(self, items: list[dict]) -> None:
+        for item in items:
+            path, digest = item.get("path"), item.get("sha256")
+            self.paths.append(None if path is None else str(path))
+            self.digests.append(digest if isinstance(digest, str) and digest else None)
+            self.pixels.append(_number(item.get("width")) * _number(item.get("height")))
+            self.sizes.append(_number(item.get("bytes")))
+            self.mtimes.append(_number(item.get("mtime")))
+
+    @classmethod
+    def of(cls, items: list[dict]) -> ItemFacts:
+        facts = cls()
+        facts.extend(items)
+        return facts
+
+
+def _number(value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return float("nan")
 
 
 def item_vectors(output: str | os.PathLike) -> ItemVectors:
@@ -43,12 +78,16 @@ def item_vectors(output: str | os.PathLike) -> ItemVectors:
     from gemma_embed.store.reader import _files, _open_rows
 
     where = output_location(output)
-    with ExitStack() as stack:  # headers only, through safetensors' numpy reader: torch is not imported
-        files = [_open_rows(file, stack, "numpy") for file in _files(where)]
-    keys = [key for file in files for key in file.keys]
-    items = [item for file in files for item in file.items]
-    counts = [np.asarray([item["rows"] for item in file.items], np.int64) for file in files]
-    layouts = [_rows_layout(file.file) for file in files]
+    keys: list[str] = []
+    facts = ItemFacts()
+    counts, paths = [], _files(where)
+    for path in paths:  # one file's header at a time (its metadata dicts go with it), through the numpy reader
+        with ExitStack() as stack:
+            file = _open_rows(path, stack, "numpy")
+            keys += file.keys
+            facts.extend(file.items)
+            counts.append(np.asarray([item["rows"] for item in file.items], np.int64))
+    layouts = [_rows_layout(path) for path in paths]
     widths = {layout[2] for layout in layouts if layout[1]}
     if len(widths) > 1:
         raise ValueError(f"{where}: files of different widths {sorted(widths)}")
@@ -56,9 +95,9 @@ def item_vectors(output: str | os.PathLike) -> ItemVectors:
     pooled = any(bool((rows != 1).any()) for rows in counts)
     vectors = np.zeros((len(keys), width), np.float32)
     first_item = 0
-    for file, file_counts, (dtype, rows, _, data_start) in zip(files, counts, layouts, strict=True):
+    for path, file_counts, (dtype, rows, _, data_start) in zip(paths, counts, layouts, strict=True):
         offsets = np.concatenate([[0], np.cumsum(file_counts)])
-        with file.file.open_input() as fh:
+        with path.open_input() as fh:
             for begin in range(0, rows, READ_BLOCK_ROWS):
                 end = min(rows, begin + READ_BLOCK_ROWS)
                 if not pooled and dtype == "F32":  # rows are items, stored as float32: read into place
@@ -82,8 +121,8 @@ def item_vectors(output: str | os.PathLike) -> ItemVectors:
     if order is not None:
         vectors = vectors[order]
         keys = [keys[i] for i in order]
-        items = [items[i] for i in order]
-    return ItemVectors(where, keys, items, vectors, pooled)
+        facts = ItemFacts(*([column[i] for i in order] for column in vars(facts).values()))
+    return ItemVectors(where, keys, facts, vectors, pooled)
 
 
 def _rows_layout(path: Location) -> tuple[str, int, int, int]:

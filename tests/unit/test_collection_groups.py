@@ -11,7 +11,7 @@ from scipy.sparse.csgraph import connected_components
 
 from gemma_embed.collection.dedup import _groups, _keep_order, exact_pairs, tile_shape
 from gemma_embed.collection.graph import Components
-from gemma_embed.collection.vectors import ItemVectors
+from gemma_embed.collection.vectors import ItemFacts, ItemVectors
 from gemma_embed.locations import location
 
 
@@ -60,7 +60,8 @@ def test_tiles_stay_within_a_quarter_of_the_vectors_bytes_and_256_mb():
 
 
 def _found(items: list[dict]) -> ItemVectors:
-    return ItemVectors(location("x.safetensors"), [f"k{i}" for i in range(len(items))], items, np.zeros((0, 1)), False)
+    keys = [f"k{i}" for i in range(len(items))]
+    return ItemVectors(location("x.safetensors"), keys, ItemFacts.of(items), np.zeros((0, 1)), False)
 
 
 @pytest.mark.parametrize(
