@@ -43,8 +43,8 @@ _LAZY = {
     "read_metadata": "gemma_embed.store",
     "dedup": "gemma_embed.collection.dedup",
     "layout": "gemma_embed.collection.layout",
-    "ensure_groups": "gemma_embed.collection.tables",
-    "ensure_map": "gemma_embed.collection.tables",
+    "ensure_groups": "gemma_embed.collection.kept",
+    "ensure_map": "gemma_embed.collection.kept",
 }
 
 __all__ = ["FORMAT", "__version__", *_LAZY]

@@ -1,7 +1,8 @@
 """The groups' and the map's parquet tables: built from a computation's arrays, written atomically beside the
 output (or where asked), and the record in each table's schema metadata that says which output it was computed
 from (`row_table.fingerprint`: every file's name, size, time and sampled digest) and how. A table whose record
-does not match the output as it is now is stale: `ensure_groups` and `ensure_map` compute it again.
+does not match the output as it is now is stale (`stale_because`): `kept.ensure_groups` and `kept.ensure_map` compute
+it again.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from gemma_embed.collection import GROUP_COLUMNS, MAP_COLUMNS, groups_path, map_path
+from gemma_embed.collection import GROUP_COLUMNS, MAP_COLUMNS
 from gemma_embed.locations import Location, location
 from gemma_embed.locations.written import output_location
 
@@ -161,33 +162,3 @@ def stale_because(path: str | os.PathLike | Location, output: str | os.PathLike,
         if value is not None and record.get(name) != value:
             return f"{where}: made with {name}={record.get(name)!r}, not {value!r}"
     return None
-
-
-def ensure_groups(output: str | os.PathLike, threshold: float | None = None, keep: str | None = None, **options):
-    """The path of the output's groups' table (`groups_path`), computed with `dedup` and written when it is
-    missing, stale (the output changed since) or made with another threshold or keep rule than those given
-    (None: whatever it was made with; the defaults when it is computed)."""
-    from gemma_embed.collection.dedup import DEFAULT_THRESHOLD, dedup
-
-    path = groups_path(output_location(output))
-    if stale_because(path, output, {"threshold": threshold, "keep": keep}) is None:
-        return path
-    table = dedup(
-        output,
-        threshold=DEFAULT_THRESHOLD if threshold is None else threshold,
-        keep=keep or "first",
-        **options,
-    )
-    return write_table(table, path)
-
-
-def ensure_map(output: str | os.PathLike, seed: int | None = None, **options):
-    """The path of the output's map table (`map_path`), computed with `layout` and written when it is missing,
-    stale, or made with another seed than the one given."""
-    from gemma_embed.collection.layout import DEFAULT_SEED, layout
-
-    path = map_path(output_location(output))
-    if stale_because(path, output, {"seed": seed}) is None:
-        return path
-    table = layout(output, seed=DEFAULT_SEED if seed is None else seed, **options)
-    return write_table(table, path)
