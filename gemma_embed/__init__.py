@@ -19,6 +19,9 @@ For files to an output, describe a run with `RunConfig` (the same options as the
         ...
     meta = gemma_embed.read_metadata("photos.safetensors")   # header, keys and items; no tensors read
 
+    groups = gemma_embed.dedup("photos.safetensors", threshold=0.95)  # near-duplicate groups (pyarrow Table)
+    points = gemma_embed.layout("photos.safetensors", seed=0)         # 2D map with clusters (pyarrow Table)
+
 `run` prints nothing unless given a `progress.Reporter`; bad items are failure records in the result, not
 exceptions. `errors.UsageError` means the run could not start, `errors.RunError` that it could not write.
 """
@@ -44,6 +47,10 @@ _LAZY = {
     "load": "gemma_embed.store",
     "iter_items": "gemma_embed.store",
     "read_metadata": "gemma_embed.store",
+    "dedup": "gemma_embed.collection.dedup",
+    "layout": "gemma_embed.collection.layout",
+    "ensure_groups": "gemma_embed.collection.kept",
+    "ensure_map": "gemma_embed.collection.kept",
 }
 
 __all__ = ["FORMAT", "__version__", *_LAZY]

@@ -538,6 +538,70 @@ _command(
 )
 
 
+# ------------------------------------------------------------------------------------------ acting on a collection
+
+
+def _write_stdout(text: str) -> None:
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (| head): not a failure of the command
+        from gemma_embed.progress import silence
+
+        silence(sys.stdout)
+
+
+def _collection_summary(summary: dict, quiet: bool, to_stderr: bool) -> None:
+    """The closing record: on stdout, or as a note when stdout carries the drop list."""
+    import json
+
+    from gemma_embed.terminal import shows_summary
+
+    if not quiet:
+        _print_note(f"wrote {summary['table']}")
+    if to_stderr:
+        if not quiet:
+            _print_note(f"{summary['groups']} groups, {summary['drop']} items to drop")
+    elif shows_summary(quiet, sys.stdout):
+        print(json.dumps(summary, ensure_ascii=True))
+
+
+def _dedup(path: str, threshold, keep, method, output, drop_list, overwrite: bool, quiet: bool) -> None:
+    from gemma_embed.collection.commands import run_dedup
+    from gemma_embed.locations.written import is_stdout
+    from gemma_embed.unused_packages import let_in_unused_packages
+
+    let_in_unused_packages()
+    summary = run_dedup(path, threshold, keep, method, output, drop_list, overwrite, _write_stdout)
+    _collection_summary(summary, quiet, to_stderr=is_stdout(drop_list))
+
+
+_command(
+    "dedup",
+    "Near-duplicate groups of an output: cosine >= --threshold, connected; same content always grouped. Writes "
+    "OUT.duplicates.parquet (key, group, keep, similarity, path) and, with --drop-list, the keys to drop.",
+    _dedup,
+    [_argument("path", str, OUTPUT_ARGUMENT)],
+)
+
+
+def _map(path: str, seed: int, sample: int, output, overwrite: bool, quiet: bool) -> None:
+    from gemma_embed.collection.commands import run_map
+    from gemma_embed.unused_packages import let_in_unused_packages
+
+    let_in_unused_packages()
+    _collection_summary(run_map(path, seed, sample, output, overwrite), quiet, to_stderr=False)
+
+
+_command(
+    "map",
+    "A 2D map of an output (UMAP, seeded) with clusters (HDBSCAN) named by their most central items. Writes "
+    "OUT.map.parquet (key, x, y, cluster, cluster_name, path).",
+    _map,
+    [_argument("path", str, OUTPUT_ARGUMENT)],
+)
+
+
 def _version(value: bool) -> None:
     if value:
         print(f"gemma-embed {__version__}")

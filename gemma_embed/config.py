@@ -108,6 +108,32 @@ class LongText(Choice):
     skip = "skip"  # pass it over, named
 
 
+class KeepRule(Choice):
+    """Which item of a near-duplicate group `dedup` keeps: the first in the output, the largest or smallest
+    (pixels where the metadata has width and height, else bytes), the newest or oldest (mtime)."""
+
+    first = "first"
+    largest = "largest"
+    smallest = "smallest"
+    newest = "newest"
+    oldest = "oldest"
+
+
+class DedupMethod(Choice):
+    """How `dedup` finds the pairs: every pair (exact), through a faiss IVF index (index), or by the size."""
+
+    auto = "auto"
+    exact = "exact"
+    through_index = "index"  # (not `index`: str.index)
+
+
+# dedup's and map's defaults (collection/dedup.py and collection/layout.py say why).
+DEFAULT_THRESHOLD = 0.95
+EXACT_BELOW = 150_000  # items: dedup's auto method scans every pair below this many
+DEFAULT_SEED = 0
+FIT_SAMPLE = 20_000  # items: map fits on this many, places the rest
+
+
 class ExportFormat(Choice):
     parquet = "parquet"
     npy = "npy"
@@ -261,6 +287,7 @@ PLAN = ("plan",)
 # The commands that read an output (and `models`): their own options are `InspectionOptions`' fields; the ones
 # they share with the embed commands (--model, --device, -o, --quiet...) are RunConfig's, declared once there.
 SEARCH, INDEX, INSPECT, EXPORT, MODELS, SERVE = "search", "index", "inspect", "export", "models", "serve"
+DEDUP, MAP = "dedup", "map"  # the commands that act on a collection's vectors (gemma_embed/collection)
 
 # Help panels, in the order `--help` shows them.
 INPUT, MODEL, OUTPUT, PERFORMANCE, ROBUSTNESS = "Input", "Model", "Output", "Performance", "Robustness"
@@ -331,6 +358,11 @@ def at_least(low: float) -> Callable[[Any], None]:
             raise ValueError(f"must be at least {low:g}, got {value}")
 
     return check
+
+
+def cosine(value: Any) -> None:
+    if value is not None and not -1.0 <= float(value) <= 1.0:  # NaN fails too
+        raise ValueError(f"a cosine is between -1 and 1, got {value}")
 
 
 def positive(value: Any) -> None:
@@ -661,23 +693,32 @@ class RunConfig:
     output: Location = option(  # a location of the seam (gemma_embed/locations), as the command line spells it
         location("embeddings.safetensors"),
         "Output .safetensors file, or DIR/.",
-        commands=EMBED + (EXPORT,),
-        help_by_command=((EXPORT, "Default: OUT.FORMAT beside it; - (parquet, jsonl): stdout."),),
-        command_defaults={EXPORT: None},
+        commands=EMBED + (EXPORT, DEDUP, MAP),
+        help_by_command=(
+            (EXPORT, "Default: OUT.FORMAT beside it; - (parquet, jsonl): stdout."),
+            (DEDUP, "The groups' table (.parquet); default: OUT.duplicates.parquet beside it."),
+            (MAP, "The map's table (.parquet); default: OUT.map.parquet beside it."),
+        ),
+        command_defaults={EXPORT: None, DEDUP: None, MAP: None},
         panel=OUTPUT,
         flags=("-o",),
         metavar="FILE",
         cli_type=str,
         cli_default="embeddings.safetensors",
         parse=output_location,
-        parse_by_command=((EXPORT, location),),
+        parse_by_command=((EXPORT, location), (DEDUP, location), (MAP, location)),
         stage=WRITE,
     )
     overwrite: bool = option(
         False,
         "Replace an existing output.",
-        commands=EMBED + (EXPORT, SEARCH),
-        help_by_command=((EXPORT, "Replace existing files."), (SEARCH, "Replace an existing --html page.")),
+        commands=EMBED + (EXPORT, SEARCH, DEDUP, MAP),
+        help_by_command=(
+            (EXPORT, "Replace existing files."),
+            (SEARCH, "Replace an existing --html page."),
+            (DEDUP, "Replace an existing -o or --drop-list file (the table beside OUT is always renewed)."),
+            (MAP, "Replace an existing -o file (the table beside OUT is always renewed)."),
+        ),
         panel=OUTPUT,
         stage=WRITE,
     )
@@ -726,8 +767,8 @@ class RunConfig:
     quiet: bool = option(
         False,
         "Nothing on stderr.",
-        commands=EMBED + PLAN + (INDEX, SERVE),
-        help_by_command=((INDEX, "No progress notes."),),
+        commands=EMBED + PLAN + (INDEX, SERVE, DEDUP, MAP),
+        help_by_command=((INDEX, "No progress notes."), (DEDUP, "No notes."), (MAP, "No notes.")),
         panel=OUTPUT,
         flags=("-q",),
         stage=RUN,
@@ -925,6 +966,45 @@ class InspectionOptions:
         metavar="KIND",
     )
     metric: str = option("cosine", "The similarity (cosine).", commands=(INDEX,), panel=OUTPUT, metavar="METRIC")
+    # dedup, map ----------------------------------------------------------------------------------------
+    threshold: float = option(
+        DEFAULT_THRESHOLD,
+        "Near duplicates: cosine at or above this (-1 to 1).",
+        commands=(DEDUP,),
+        check=cosine,
+        metavar="T",
+    )
+    keep: KeepRule = option(
+        KeepRule.first,
+        "The item a group keeps: first (in OUT), largest, smallest (pixels, else bytes), newest, oldest.",
+        commands=(DEDUP,),
+        metavar="RULE",
+    )
+    drop_list: str | None = option(
+        None,
+        "Also write the keys to drop, one a line (- : stdout).",
+        commands=(DEDUP,),
+        panel=OUTPUT,
+        metavar="FILE",
+    )
+    method: DedupMethod = option(
+        DedupMethod.auto,
+        f"exact (every pair), index (faiss IVF, recall measured) or auto (exact below {EXACT_BELOW:,} items).",
+        commands=(DEDUP,),
+        panel=PERFORMANCE,
+        metavar="METHOD",
+    )
+    seed: int = option(
+        DEFAULT_SEED, "The layout's seed: the same seed, the same map.", commands=(MAP,), check=at_least(0), metavar="N"
+    )
+    sample: int = option(
+        FIT_SAMPLE,
+        "Fit the layout on this many items, place the rest.",
+        commands=(MAP,),
+        panel=PERFORMANCE,
+        check=at_least(3),
+        metavar="N",
+    )
     # inspect, export, models ---------------------------------------------------------------------------
     limit: int = option(
         20, "Items to list (0 = all).", commands=(INSPECT,), panel=OUTPUT, check=at_least(0), metavar="N"

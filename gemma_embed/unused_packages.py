@@ -26,3 +26,11 @@ def keep_out_unused_packages() -> None:
     """Mark each of UNUSED_PACKAGES the process has not imported yet as not installed."""
     for name in UNUSED_PACKAGES:
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+
+
+def let_in_unused_packages() -> None:
+    """Undo `keep_out_unused_packages` for a command that does use them (`dedup`: SciPy's connected components;
+    `map`: scikit-learn and umap-learn, which import SciPy), before it imports anything."""
+    for name in UNUSED_PACKAGES:
+        if name in sys.modules and sys.modules[name] is None:
+            del sys.modules[name]

@@ -104,6 +104,8 @@ COMMANDS = {
     "inspect": ["inspect", "nope.safetensors"],
     "export": ["export", "nope.safetensors", "--to", "npy"],
     "models": ["models"],
+    "dedup": ["dedup", "nope.safetensors"],
+    "map": ["map", "nope.safetensors"],
     "serve": ["serve", "--output", "nope.safetensors", "--port", "0"],
 }
 

@@ -62,7 +62,9 @@ def output(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("args", [["--help"], ["images", "--help"], ["models"], ["models", "--json"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["images", "--help"], ["models"], ["models", "--json"], ["dedup", "--help"], ["map", "--help"]]
+)
 def test_help_and_models_import_none_of_the_heavy_packages(args, tmp_path):
     code, modules = modules_after(tmp_path, *args)
     assert code == 0
