@@ -2,9 +2,9 @@
 from the parquet tables kept beside it (gemma_embed.collection: `gemma-embed map OUT`, `gemma-embed dedup OUT`).
 
 The library's `ensure_map(output)` / `ensure_groups(output)` give the kept table's path, computing it when it is
-missing or stale; where this build has no such function, a table the commands wrote is read as it is, and a missing
-one is a 404 whose message names the command that writes it. Each table is read once per version of its file (its
-size and modification time) and kept, encoded, for the next request.
+missing or stale (a table the commands wrote with their defaults is read as it is); where it cannot (a missing
+extra, an output it cannot use), the answer is a 404 with its reason and the command that writes the table. Each
+table is read once per version of its file (its size and modification time) and kept, encoded, for the next request.
 
 The map goes out columnar, not one object per point: x and y as little-endian float32, the cluster and the item's
 place in the output as little-endian int32, each base64 (100k points: 2.1 MB of JSON, decoded by the page into
@@ -29,9 +29,9 @@ from gemma_embed.serve.openai_shapes import ApiError
 MAX_RECORDS = 500  # places one `records` request may name: a page of the grid, never the whole collection
 MAX_GROUPS = 100  # groups one `duplicates` page may hold
 GROUP_ITEMS_SHOWN = 24  # items of one group listed (the rest counted): a 5,000-item group stays one small answer
-KINDS = {  # view -> (the library's function, the command that writes its table, the table's file name helper)
-    "map": ("ensure_map", "gemma-embed map", "map_path"),
-    "groups": ("ensure_groups", "gemma-embed dedup", "groups_path"),
+KINDS = {  # view -> (the library's function, the command that writes its table)
+    "map": ("ensure_map", "gemma-embed map"),
+    "groups": ("ensure_groups", "gemma-embed dedup"),
 }
 
 
@@ -39,43 +39,18 @@ class TableMissing(Exception):
     """No table for this view, and none could be computed: the reason, for the user."""
 
 
-# Where the library's compute-on-first-use functions are defined: the package (the contract's names), or the
-# tables module of the dedup/map commands' branch (issue 49). Absent in a build without them.
-LIBRARY_MODULES = ("gemma_embed.collection", "gemma_embed.collection.tables")
-
-
-def library_function(name: str):
-    """The library's `ensure_map` / `ensure_groups`, or None where this build has no such function."""
-    import importlib
-
-    for module in LIBRARY_MODULES:
-        try:
-            found = getattr(importlib.import_module(module), name, None)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise  # the module is there and fails inside: a bug to see, not a missing feature
-            continue
-        if found is not None:
-            return found
-    return None
-
-
 def kept_table(kind: str, output) -> Location:
-    """The path of the output's `kind` table (map, groups): computed by the library when it can, else the one a
-    command wrote; TableMissing (with what to run) when there is none."""
-    from gemma_embed import collection as library
+    """The path of the output's `kind` table (map, groups), computed and kept by the library on first use
+    (`collection.kept`); TableMissing, with the library's reason and the command to run, where it cannot be."""
+    from gemma_embed.collection import kept
+    from gemma_embed.unused_packages import let_in_unused_packages
 
-    function, command, path_of = KINDS[kind]
-    ensure = library_function(function)
-    if ensure is not None:
-        try:
-            return location(ensure(output))  # a Location, a str or a Path: the file it keeps
-        except (GemmaEmbedError, ImportError, ValueError, OSError) as exc:  # a missing extra, an output it cannot use
-            raise TableMissing(f"{' '.join(str(exc).split())} (or run `{command} {output}`)") from None
-    path = getattr(library, path_of)(output)
-    if not path.exists():
-        raise TableMissing(f"{output} has no {kind} table yet: run `{command} {output}` (it writes {path})")
-    return path
+    let_in_unused_packages()  # `gemma-embed serve` kept SciPy out at its start; the tables need it (as dedup, map)
+    function, command = KINDS[kind]
+    try:
+        return location(getattr(kept, function)(output))
+    except (GemmaEmbedError, ImportError, ValueError, OSError) as exc:  # a missing extra, an output it cannot use
+        raise TableMissing(f"{' '.join(str(exc).split())} (or run `{command} {output}`)") from None
 
 
 def _packed(values: np.ndarray, dtype: str) -> str:

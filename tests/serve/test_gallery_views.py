@@ -189,53 +189,39 @@ def test_records_are_items_by_place_with_their_thumbnail_routes(viewed):
     assert call(server, "GET", "/v1/outputs/nope/records?at=0", headers=AUTH)[0] == 404
 
 
-def test_an_output_without_tables_gets_a_404_naming_the_command(viewed):
-    """Where the library cannot compute them (this build has no `ensure_map`/`ensure_groups`), the answer says
-    which command writes the table; where it can, the table is computed on first use and kept beside the output."""
+def test_an_output_without_tables_gets_them_computed_on_first_use_and_kept(viewed):
+    """The text output has neither table: the first request computes each with the library and keeps it beside the
+    output, where `gemma-embed map` / `dedup` would have written it."""
     import gemma_embed.collection as library
-    from gemma_embed.serve.collection_views import library_function
 
-    for route, function, command, path_of in [
-        ("map", "ensure_map", "gemma-embed map", library.map_path),
-        ("duplicates", "ensure_groups", "gemma-embed dedup", library.groups_path),
-    ]:
+    for route, path_of in [("map", library.map_path), ("duplicates", library.groups_path)]:
         status, answer = call_json(viewed["server"], "GET", f"/v1/outputs/texts/{route}", headers=AUTH)
-        if library_function(function) is not None:  # computed and kept, or the library's reason and the command
-            assert (status == 200 and path_of(viewed["texts"]).exists()) or (
-                status == 404 and command in answer["error"]["message"]
-            ), answer
-        else:
-            assert status == 404, answer
-            assert command in answer["error"]["message"] and str(viewed["texts"]) in answer["error"]["message"]
-            assert not path_of(viewed["texts"]).exists()
+        assert status == 200 and path_of(viewed["texts"]).exists(), answer
+    status, answer = call_json(viewed["server"], "GET", "/v1/outputs/texts/map", headers=AUTH)
+    assert status == 200 and answer["points"] == len(TEXTS) == sum(c["size"] for c in answer["clusters"])
 
 
-def test_kept_table_computes_reads_or_names_the_command(tmp_path, monkeypatch):
-    """The one place the views reach the library: its `ensure_*` where it has one (and its failure as the reason),
-    else the table a command wrote, else what to run."""
-    import gemma_embed.collection as library
+def test_kept_table_is_the_librarys_or_its_reason_and_the_command(tmp_path, monkeypatch):
+    """The one place the views reach the library: its `ensure_*` (a computed or kept table), and its failure as the
+    reason beside the command to run."""
+    from gemma_embed.collection import kept
     from gemma_embed.locations import location
-    from gemma_embed.serve import collection_views
     from gemma_embed.serve.collection_views import TableMissing, kept_table
 
     output = tmp_path / "photos.safetensors"
-    monkeypatch.setattr(collection_views, "LIBRARY_MODULES", ("gemma_embed.collection",))
-    monkeypatch.delattr(library, "ensure_map", raising=False)
-    with pytest.raises(TableMissing, match="run `gemma-embed map .*photos.safetensors`"):
-        kept_table("map", output)
-    library.map_path(output).write_bytes(b"written by gemma-embed map")
-    assert kept_table("map", output) == library.map_path(output)
+    with pytest.raises(TableMissing, match="photos.safetensors.*run `gemma-embed map .*photos.safetensors`"):
+        kept_table("map", output)  # no such output: the library's own line, and the command
     computed = []
-    kept = tmp_path / "kept.parquet"
-    monkeypatch.setattr(library, "ensure_groups", lambda out: computed.append(out) or str(kept), raising=False)
-    assert kept_table("groups", output) == location(kept) and computed == [output]
+    table = tmp_path / "kept.parquet"
+    monkeypatch.setattr(kept, "ensure_groups", lambda out: computed.append(out) or str(table))
+    assert kept_table("groups", output) == location(table) and computed == [output]
 
     def without_extra(out):
         raise ImportError("gemma-embed map needs umap-learn: pip install 'gemma-embed[map]'")
 
-    monkeypatch.setattr(library, "ensure_groups", without_extra, raising=False)
-    with pytest.raises(TableMissing, match="umap-learn.*or run `gemma-embed dedup"):
-        kept_table("groups", output)
+    monkeypatch.setattr(kept, "ensure_map", without_extra)
+    with pytest.raises(TableMissing, match="umap-learn.*or run `gemma-embed map"):
+        kept_table("map", output)
 
 
 class _Items:
@@ -493,19 +479,8 @@ def test_the_duplicates_view_shows_each_group_with_its_kept_item_marked(viewed, 
     assert sum(url.endswith("/thumbnail") for url in page.requested) >= 9
 
 
-@pytest.fixture
-def no_map_computing():
-    from gemma_embed.serve.collection_views import library_function
-
-    if library_function("ensure_map") is not None:
-        pytest.skip("this build computes the map on first use")
-
-
 @pytest.mark.browser
-def test_a_view_without_its_table_says_which_command_writes_it(no_map_computing, viewed, page):
+def test_a_view_whose_table_is_not_there_yet_is_computed_and_drawn(viewed, page):
     _open(page, viewed, "map")
     page.select_option("#output", "texts")
-    expect(page.locator("#status")).to_contain_text("gemma-embed map")
-    expect(page.locator("#status")).to_have_class("error")
-    assert page.problems == ["Failed to load resource: the server responded with a status of 404 (Not Found)"]
-    page.problems.clear()  # the 404 the page was answered, which it shows
+    expect(page.locator("#map")).to_have_attribute("data-drawn", str(len(TEXTS)), timeout=120_000)
