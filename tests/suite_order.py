@@ -13,6 +13,7 @@ from pathlib import Path
 # the 287 s run). A name missing here only runs later; tests/unit/test_suite_order.py checks that each name is a
 # test file.
 LONGEST_FIRST = (
+    "integration/test_kernel_paths.py",  # 5 fresh processes under forced kernel paths (about 2 min; 2026-12-07)
     "integration/test_ray_data.py",  # 35 s
     "cli/test_warm_cli.py",  # 32 s
     "integration/test_ray_object_storage.py",  # 31 s

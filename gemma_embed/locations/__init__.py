@@ -77,6 +77,8 @@ OUTSIDE_THE_SEAM = {
     "cpu_threads.py": "the system's /proc/stat",
     "memory/readings.py": "the system's cgroup memory limits under /sys/fs/cgroup",
     "device.py": "the system's /proc/cpuinfo",
+    "cpu_kernels.py": "the system's /proc/cpuinfo (its first processor's flags, before torch loads)",
+    "numerics.py": "torch's own CPU library (MKL's mode and thread calls, through ctypes)",
     "capture.py": "the process's own stderr (fd 2), duplicated",
     "progress.py": "/dev/null over the process's own descriptors",
     "sources/files.py:process_stdin": "the process's standard input, unbuffered",

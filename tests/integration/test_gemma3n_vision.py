@@ -12,6 +12,7 @@ import torch
 from helpers import ROOT, record_batches, record_outputs, rel_error, spy_tensor_reads
 from PIL import Image
 
+from gemma_embed import numerics
 from gemma_embed.engine import Engine, encode_items
 from gemma_embed.errors import CheckpointError
 from gemma_embed.media.image import decode_image
@@ -68,8 +69,9 @@ def tower(checkpoint):
 def features(model, pixel_values) -> dict[str, torch.Tensor]:
     """transformers' get_image_features on one stacked batch, flattened, in both spaces: `pooler_output`
     (language) and the soft tokens it embedded (tower: its `last_hidden_state`, which it scales in place, seen as
-    (B, tokens, 2048))."""
-    with torch.no_grad():
+    (B, tokens, 2048)). With the tool's CPU kernels (`numerics.aligned`: convolutions one item at a time, rsqrt
+    through the vector code), so that a batch's bits can be compared; float32 comparisons hold either way."""
+    with torch.no_grad(), numerics.aligned(pixel_values.device):
         out = model.get_image_features(pixel_values=pixel_values)
     hidden = out.last_hidden_state
     tower = hidden.reshape(hidden.shape[0], hidden.shape[1], -1).permute(0, 2, 1).reshape(-1, hidden.shape[1])
