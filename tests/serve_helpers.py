@@ -5,6 +5,7 @@ the real command line."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -182,3 +183,21 @@ def write_captioned_images(folder: Path) -> Path:
     table = folder / "captions.parquet"
     pq.write_table(pa.table({"image": names, "caption": captions}), table)
     return table
+
+
+@contextlib.contextmanager
+def chromium_browser():
+    """The system Chromium driven by Playwright through `executable_path` (its own browser download cannot be
+    reached), and Playwright's `expect`; the test skips, saying why, where either is missing."""
+    import pytest
+
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip)")
+    executable = shutil.which("chromium") or shutil.which("chromium-browser")
+    if executable is None:
+        pytest.skip("no Chromium on this machine (apt-get install -y chromium): the gallery is not tried in a browser")
+    with playwright_api.sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=executable)
+        try:
+            yield browser, playwright_api.expect
+        finally:
+            browser.close()

@@ -24,6 +24,7 @@ from serve_helpers import (
     ServerProcess,
     call,
     call_json,
+    chromium_browser,
     finish,
     run_cli,
 )
@@ -292,16 +293,9 @@ expect = None  # playwright's expect, set by the chromium fixture (playwright is
 
 @pytest.fixture(scope="module")
 def chromium():
-    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip)")
     global expect
-    expect = playwright_api.expect
-    executable = shutil.which("chromium") or shutil.which("chromium-browser")
-    if executable is None:
-        pytest.skip("no Chromium on this machine (apt-get install -y chromium): the gallery is not tried in a browser")
-    with playwright_api.sync_playwright() as driver:
-        browser = driver.chromium.launch(executable_path=executable)
+    with chromium_browser() as (browser, expect):
         yield browser
-        browser.close()
 
 
 @pytest.fixture
