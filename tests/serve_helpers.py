@@ -55,6 +55,8 @@ class ServerProcess:
         )
         self.events: queue.Queue = queue.Queue()
         self.stderr: list[str] = []
+        self._new_line = threading.Condition()  # told of each stderr line (and of its end) by the reader thread
+        self._stderr_ended = False
         self._readers = [
             threading.Thread(target=self._read_events, daemon=True),
             threading.Thread(target=self._read_stderr, daemon=True),
@@ -70,7 +72,23 @@ class ServerProcess:
 
     def _read_stderr(self) -> None:
         for line in self.proc.stderr:
-            self.stderr.append(line.rstrip("\n"))
+            with self._new_line:
+                self.stderr.append(line.rstrip("\n"))
+                self._new_line.notify_all()
+        with self._new_line:
+            self._stderr_ended = True
+            self._new_line.notify_all()
+
+    def wait_for_line(self, needle: str, timeout: float = 60) -> list[str]:
+        """The stderr lines holding `needle`, once one has come (woken by the reader at each line, never polled)."""
+
+        def found() -> list[str]:
+            return [line for line in self.stderr if needle in line]
+
+        with self._new_line:
+            if not self._new_line.wait_for(lambda: found() or self._stderr_ended, timeout=timeout) or not found():
+                raise AssertionError(f"no stderr line with {needle!r}")
+            return found()
 
     def wait_for(self, kind: str, timeout: float = START_TIMEOUT_S) -> dict:
         """The next stdout event of this type (the server's own announcement, not a guess at how long it takes)."""

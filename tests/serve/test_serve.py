@@ -380,21 +380,11 @@ def test_health_ready_models_and_metrics(served, client):
     assert samples["gemma_embed_items_total"] >= 4 and samples["gemma_embed_items_per_second"] > 0
 
 
-def _wait_for_line(server: ServerProcess, needle: str, timeout: float = 60) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = [line for line in list(server.stderr) if needle in line]
-        if found:
-            return found
-        time.sleep(0.05)  # polling the reader thread's list, for the line itself
-    raise AssertionError(f"no stderr line with {needle!r}")
-
-
 def test_one_access_log_line_per_request(served):
     server = served["server"]
     probe = f"/probe-{uuid.uuid4().hex}"
     assert call(server, "GET", probe + "?secret=query-string", headers=AUTH)[0] == 404
-    lines = _wait_for_line(server, probe)
+    lines = server.wait_for_line(probe)
     assert len(lines) == 1 and f'"GET {probe} HTTP/1.1" 404' in lines[0]
     assert "secret=query-string" not in lines[0] and lines[0].startswith("127.0.0.1 ")
 

@@ -552,7 +552,6 @@ def test_a_client_that_leaves_ends_its_fetches(served):
     its fetch ends at the next byte because its ledger was given back (the server's note says so), not at
     --fetch-timeout."""
     import http.client
-    import time
 
     server, site = served["server"], served["site"]
     site.wait(lambda: site.dripping == 0)
@@ -562,11 +561,7 @@ def test_a_client_that_leaves_ends_its_fetches(served):
     site.wait(lambda: site.dripping == 1)
     connection.close()  # gone without its answer
     site.wait(lambda: site.dripping == 0)
-    needle = "fetch refused or failed: its request has ended"
-    deadline = time.monotonic() + 60
-    while not any(needle in line for line in list(server.stderr)):
-        assert time.monotonic() < deadline, f"no stderr line with {needle!r}"
-        time.sleep(0.05)  # polling the reader thread's list, for the line itself (as test_serve.py does)
+    server.wait_for_line("fetch refused or failed: its request has ended")
     assert any('"POST /v1/embeddings HTTP/1.1" 499' in line for line in server.stderr)
 
 
