@@ -349,3 +349,28 @@ def start_ray():
             logging_level=logging.WARNING,
             runtime_env=runtime_env,
         )
+
+
+def on_a_terminal(args, cwd, stderr_too: bool = False) -> tuple[int, bytes]:
+    """The command with its stdout on a pseudo-terminal, as a person runs it (and its stderr too with
+    `stderr_too`, else a pipe): its exit code and what reached the terminal."""
+    import pty
+    import select
+    import subprocess
+
+    leader, follower = pty.openpty()
+    stderr = follower if stderr_too else subprocess.PIPE
+    proc = subprocess.Popen([EXE, *map(str, args)], cwd=cwd, stdout=follower, stderr=stderr)
+    os.close(follower)
+    shown = b""
+    while select.select([leader], [], [], 120)[0]:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the command closed the terminal's other side
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    proc.communicate(timeout=120)
+    return proc.returncode, shown

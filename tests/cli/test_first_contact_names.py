@@ -11,8 +11,6 @@ import html
 import io
 import json
 import os
-import pty
-import select
 import subprocess
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import EXE, ROOT, SAMPLE_MODEL
+from helpers import EXE, ROOT, SAMPLE_MODEL, on_a_terminal
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -321,30 +319,9 @@ def test_resume_over_an_output_whose_lines_counted_from_one_renumbers_them(outpu
 # ----------------------------------------------------------------------------------- item 9: the small ones
 
 
-def _on_a_terminal(args: list[str], cwd: Path) -> tuple[int, bytes]:
-    """The command with its stdout a pseudo-terminal (stderr a pipe): its exit code and what reached the terminal."""
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen([EXE, *args], cwd=cwd, stdout=follower, stderr=subprocess.PIPE)
-    os.close(follower)
-    shown = b""
-    while True:
-        ready, _, _ = select.select([leader], [], [], 120)
-        if not ready:
-            break
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # EIO: the command closed the terminal's other side
-            break
-        if not chunk:
-            break
-        shown += chunk
-    os.close(leader)
-    return proc.wait(timeout=120), shown
-
-
 def test_quiet_keeps_the_summary_off_a_terminal_and_gives_it_to_a_pipe(tmp_path):
     args = ["images", str(IMAGES / "tall.png"), "--model", str(SAMPLE_MODEL), "-o", "o.safetensors", "-q"]
-    code, shown = _on_a_terminal(args, tmp_path)
+    code, shown = on_a_terminal(args, tmp_path)
     assert (code, shown) == (0, b"")
     piped = gemma_embed_cmd(*args, "--overwrite", cwd=tmp_path)
     assert piped.returncode == 0 and piped.stderr == b""

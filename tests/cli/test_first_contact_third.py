@@ -12,7 +12,7 @@ import re
 import subprocess
 
 import pytest
-from helpers import EXE, ROOT, SAMPLE_MODEL, reporting_cli
+from helpers import EXE, ROOT, SAMPLE_MODEL, on_a_terminal, reporting_cli
 
 import gemma_embed
 
@@ -138,32 +138,11 @@ def test_a_port_in_use_is_one_error_line_before_the_server_imports(tmp_path):
     assert report["imported"] == []  # before torch (and fastapi, uvicorn): at once
 
 
-def on_a_terminal(args: list, cwd) -> tuple[int, str]:
-    """The command with stdout and stderr on one pseudo-terminal, as a person runs it: its exit code and what the
-    terminal showed."""
-    import pty
-    import select
-
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen([EXE, *map(str, args)], cwd=cwd, stdout=follower, stderr=follower)
-    os.close(follower)
-    shown = b""
-    while select.select([leader], [], [], 120)[0]:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # EIO: the command closed the terminal's other side
-            break
-        if not chunk:
-            break
-        shown += chunk
-    os.close(leader)
-    return proc.wait(timeout=120), shown.decode("utf-8", "replace")
-
-
 def test_on_a_terminal_an_embed_run_says_when_it_loaded_and_ends_without_the_json_record(tmp_path):
     (tmp_path / "lines.txt").write_text("a cat\na dog\n")
     args = ["text", "lines.txt", "--model", EG2, "-o", "out.safetensors"]
-    code, shown = on_a_terminal(args, tmp_path)
+    code, shown = on_a_terminal(args, tmp_path, stderr_too=True)
+    shown = shown.decode("utf-8", "replace")
     assert code == 0
     assert "2 ok, 0 failed in " in shown and "-> out.safetensors" in shown  # the line for people
     assert '"type": "summary"' not in shown
@@ -173,7 +152,8 @@ def test_on_a_terminal_an_embed_run_says_when_it_loaded_and_ends_without_the_jso
     loaded = next(n for n, line in enumerate(lines) if line.startswith("loaded in "))
     assert loading < loaded < next(n for n, line in enumerate(lines) if "2 ok, 0 failed in " in line)
     assert re.fullmatch(r"loaded in \d+\.\d s on cpu \(float32\); encoding \.\.\.", lines[loaded])
-    code, shown = on_a_terminal([*args, "--overwrite", "--jsonl"], tmp_path)  # JSON records asked for: given
+    code, shown = on_a_terminal([*args, "--overwrite", "--jsonl"], tmp_path, stderr_too=True)  # JSON asked: given
+    shown = shown.decode("utf-8", "replace")
     assert code == 0 and '"type": "summary"' in shown
     piped = subprocess.run([EXE, *map(str, args), "--overwrite"], cwd=tmp_path, capture_output=True, text=True)
     assert piped.returncode == 0 and '"type": "summary"' in piped.stdout  # a program reading stdout gets it
