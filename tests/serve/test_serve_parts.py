@@ -358,3 +358,42 @@ def test_a_model_failure_tells_the_client_no_sizes_and_the_log_everything():
     assert logged == [f"input[0]: {words}", f"input[1]: the model failed on this input: {reason}"]
     bad = item_error("input[2]", ItemError("0/2", "decode", "not a recognised image format"), logged.append)
     assert (bad.status, bad.message) == (400, "input[2]: not a recognised image format")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_the_listening_socket_s_connections_send_without_waiting_for_acks(host):
+    """asyncio (which uvicorn serves through, `loop.create_server(sock=...)`) turns Nagle's algorithm off only on
+    the connections of a socket that says it is TCP. With it on, a response's second write waited for the client's
+    delayed ACK: every answer 40 ms late (issue 47's overload bench)."""
+    import socket
+
+    from gemma_embed.serve.listen import bind
+
+    try:
+        sock = bind(host, 0)
+    except UsageError:
+        pytest.skip(f"{host}: no such address on this machine")
+    sock.listen()
+
+    async def accepted_nodelay() -> int:
+        loop = asyncio.get_running_loop()
+        connected: asyncio.Future = loop.create_future()
+        server = await loop.create_server(lambda: _Accepted(connected), sock=sock)
+        _, writer = await asyncio.open_connection(host, sock.getsockname()[1])
+        transport = await connected
+        nodelay = transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        writer.close()
+        transport.close()
+        server.close()
+        await server.wait_closed()
+        return nodelay
+
+    assert asyncio.run(accepted_nodelay()) != 0
+
+
+class _Accepted(asyncio.Protocol):
+    def __init__(self, connected: asyncio.Future):
+        self.connected = connected
+
+    def connection_made(self, transport) -> None:
+        self.connected.set_result(transport)
