@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gemma_embed.collection.vectors import ItemVectors, item_vectors
+from gemma_embed.collection.vectors import ItemVectors, as_text, item_vectors
 from gemma_embed.config import DEFAULT_SEED, FIT_SAMPLE
 from gemma_embed.errors import UsageError
 
@@ -70,13 +70,14 @@ def layout(
         raise UsageError(f"neighbors={neighbors!r}: at least 2")
     _libraries()
     found = vectors if vectors is not None else item_vectors(output)
+    held = found.vectors
     smallest = min_cluster if min_cluster is not None else 0
-    xy, fit_rows = _layout(found.vectors, int(seed), int(sample), int(neighbors), progress)
+    xy, fit_rows = _layout(held, int(seed), int(sample), int(neighbors), progress)
     fitted = len(fit_rows)
     if min_cluster is None:
         smallest = min_cluster_size(fitted)
     clusters = _clusters(xy, fit_rows, smallest)
-    names = _names(found, clusters)
+    names = _names(found, held, clusters)
     settings = {
         "seed": int(seed),
         "fitted_on": fitted,
@@ -148,13 +149,13 @@ def _clusters(xy: np.ndarray, fit_rows: np.ndarray, smallest: int) -> np.ndarray
     return labels
 
 
-def _names(found: ItemVectors, clusters: np.ndarray) -> list[str]:
+def _names(found: ItemVectors, vectors: np.ndarray, clusters: np.ndarray) -> list[str]:
     """Each cluster's name: the keys of its NAME_KEYS most central items, most central first."""
     names = []
     for number in range(int(clusters.max()) + 1 if len(clusters) else 0):
         members = np.flatnonzero(clusters == number)
-        centre = found.vectors[members].mean(axis=0)
-        scores = found.vectors[members] @ centre
+        centre = vectors[members].mean(axis=0)
+        scores = vectors[members] @ centre
         best = members[np.argsort(-scores, kind="stable")[:NAME_KEYS]]
-        names.append(", ".join(found.keys[i] for i in best))
+        names.append(", ".join(as_text(found.keys.take(best)).to_pylist()))
     return names

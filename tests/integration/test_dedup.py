@@ -183,6 +183,6 @@ def test_a_sharded_output_is_read_in_its_index_order(tmp_path):
     write_index(out, files, [("a", 0), ("b", 1), ("c", 0), ("d", 1), ("e", 0), ("f", 1)])
     found = item_vectors(out)
     loaded = gemma_embed.load(out)
-    assert found.keys == list(loaded) == ["a", "b", "c", "d", "e", "f"]
-    expected = np.stack([loaded[key][0].numpy() for key in found.keys])
+    assert found.keys.to_pylist() == list(loaded) == ["a", "b", "c", "d", "e", "f"]
+    expected = np.stack([loaded[key][0].numpy() for key in loaded])
     np.testing.assert_allclose(found.vectors, expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=1e-6)
