@@ -234,10 +234,14 @@ def _scan_tiles(rows: UnitRows, threshold: float, found: Callable[[np.ndarray, n
     tile_rows, columns = tile_shape(count, width)
     panel = panel_rows(count, width)
     total = 0
+    held = window = np.zeros((0, width), np.float32)
     for p0 in range(0, count, panel):
         p1 = min(count, p0 + panel)
+        del held, window  # each gone before the next is read
         held = rows.block(p0, p1)
+        window = np.zeros((0, width), np.float32)
         for w0 in range(p0, count, columns):
+            del window
             window = rows.block(w0, min(count, w0 + 2 * columns))
             for r0 in range(p0, p1, tile_rows):
                 c0 = r0 + max(0, -(-(w0 - r0) // columns)) * columns  # its tile's first column from w0 on
@@ -365,9 +369,10 @@ class CellCodes:
                 scaled = np.take(block, asking, axis=0)
                 scaled *= self.scale
                 scores = scaled @ decoded.T
-                scores += offsets[asking, None]
-                passing = np.flatnonzero(scores.max(axis=1) > radius)  # most rows have none: look at the rest
-                i, j = np.nonzero(scores[passing] > radius)
+                # most rows have no score above: the others looked at (the offset added to a row's maximum is the
+                # maximum of its sums, to the bit)
+                passing = np.flatnonzero(scores.max(axis=1) + offsets[asking] > radius)
+                i, j = np.nonzero(scores[passing] + offsets[asking[passing], None] > radius)
                 left.append(asking[passing[i]])
                 right.append(items[c0 + j])
 
@@ -440,6 +445,7 @@ def _index_pairs(
         truth.scan(begin, block)
         if progress is not None:
             progress(f"{begin + len(block)}/{count} items coded")
+        del block  # gone before the next is read
     cells.finish()
     clock.lap("cells and codes")
     nprobe = min(int(settings["nprobe"]), int(settings["cells"]))
@@ -472,6 +478,7 @@ def _index_pairs(
         clock.lap("rescore")
         if progress is not None:
             progress(f"{begin + len(block)}/{count} items searched")
+        del block
     report.recall = truth.recall(found_for_sample)
     return total
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 READ_BLOCK_ROWS = 65_536  # rows of a pooled output summed at once (200 MB of float32 at 768 wide)
+NORMALISE_ROWS = 4_096
 # Gathered rows (`StoredRows.take`): rows at most SPAN_GAP apart are read with one read of the rows between,
 # at most SPAN_ROWS rows a read.
 SPAN_GAP = 8
@@ -171,9 +172,9 @@ def _read_into(fh: IO[bytes], offset: int, out: np.ndarray) -> None:
         done += got
 
 
-def _normalise(vectors: np.ndarray, block: int = READ_BLOCK_ROWS) -> None:
-    """In place, a block at a time: rows to unit length, zero rows left zero (each row on its own: the same bits
-    whichever rows are normalised together)."""
+def _normalise(vectors: np.ndarray, block: int = NORMALISE_ROWS) -> None:
+    """In place, a block at a time (the squares are a temporary the block's size): rows to unit length, zero rows
+    left zero (each row on its own: the same bits whichever rows are normalised together)."""
     for begin in range(0, len(vectors), block):
         part = vectors[begin : begin + block]
         norms = np.linalg.norm(part, axis=1, keepdims=True)
@@ -326,6 +327,8 @@ def item_vectors(output: str | os.PathLike | Location) -> ItemVectors:
 def _open_items(where: Location, stack: ExitStack) -> ItemVectors:
     """Each file's header in turn (its metadata dicts go once its columns are taken), then the files opened for
     reading (kept open by `stack`)."""
+    import pyarrow as pa
+
     from gemma_embed.store.reader import _open_rows
 
     paths, indexed, listing = _files(where)
@@ -363,6 +366,7 @@ def _open_items(where: Location, stack: ExitStack) -> ItemVectors:
     if order is not None:
         all_keys, all_facts = all_keys.take(order), all_facts.take(order)
     rows = StoredRows(segments, width, order)
+    pa.default_memory_pool().release_unused()  # the columns' builders' memory, which arrow's pool keeps otherwise
     return ItemVectors(where, all_keys, all_facts, rows, pooled, listing)
 
 
