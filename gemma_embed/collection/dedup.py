@@ -25,6 +25,7 @@ where a pair asks for them (`vectors.StoredRows`). Pairs come from one of two sc
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable
@@ -68,6 +69,7 @@ SEARCH_BLOCK = 16_384
 QUERIES_PER_CELL = 1_000
 CELL_BYTES = 16 << 20  # a cell's decoded codes, and its scores, at most this at once
 RECALL_QUERIES = 500
+TRUTH_COLUMNS = 4_096  # the sampled items' scores against a block, this many items at a time (8 MB)
 SIMILARITY_BLOCK = 16_384  # pairs scored at once for `similarity`
 RESCORE_BLOCK = 16_384  # candidate pairs scored again at once
 FAISS_EXTRA = "pip install 'gemma-embed[search]'"
@@ -387,11 +389,17 @@ class SampleTruth:
         self.found: list[list[np.ndarray]] = [[] for _ in sampled]
 
     def scan(self, begin: int, block: np.ndarray) -> None:
+        """The pairs of the sampled items with the items of `block` (items begin..), TRUTH_COLUMNS at a time (a
+        product's entries do not depend on its number of columns, save for a single one: none is left alone)."""
         if not len(self.sampled):
             return
-        hit_row, hit_column = np.nonzero(self.vectors @ block.T >= self.threshold)
-        for row, column in zip(*_split_by(hit_row, hit_column + begin), strict=True):
-            self.found[row].append(column)
+        cuts = list(range(0, len(block), TRUTH_COLUMNS)) + [len(block)]
+        if len(cuts) > 2 and cuts[-1] - cuts[-2] == 1:
+            del cuts[-2]
+        for c0, c1 in itertools.pairwise(cuts):
+            hit_row, hit_column = np.nonzero(self.vectors @ block[c0:c1].T >= self.threshold)
+            for row, column in zip(*_split_by(hit_row, hit_column + begin + c0), strict=True):
+                self.found[row].append(column)
 
     def recall(self, found: dict[int, np.ndarray]) -> float:
         """Of the pairs (i, j), i sampled, j != i, that the exact scan finds, the share the index found."""
