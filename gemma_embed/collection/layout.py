@@ -18,12 +18,17 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gemma_embed.collection.vectors import ItemVectors, as_text, item_vectors
 from gemma_embed.config import DEFAULT_SEED, FIT_SAMPLE
 from gemma_embed.errors import UsageError
+from gemma_embed.locations import Location
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 PCA_DIMS = 50
 NEIGHBORS = 15
@@ -41,7 +46,7 @@ def min_cluster_size(count: int) -> int:
     return max(5, count // 200)
 
 
-def _libraries():
+def _libraries() -> Any:
     try:
         import sklearn  # noqa: F401
         import umap
@@ -51,14 +56,14 @@ def _libraries():
 
 
 def layout(
-    output: str | os.PathLike,
+    output: str | os.PathLike | Location,
     seed: int = DEFAULT_SEED,
     sample: int = FIT_SAMPLE,
     neighbors: int = NEIGHBORS,
     min_cluster: int | None = None,
     vectors: ItemVectors | None = None,
     progress: Callable[[str], None] | None = None,
-):
+) -> pa.Table:
     """The map of `output` (see the module's note) as a pyarrow Table with the columns of `collection.MAP_COLUMNS`
     (and `item`, the item's position), one row per item in output order; its schema metadata records how it was
     made (`tables.read_record`)."""
@@ -90,7 +95,9 @@ def layout(
     return map_table(found, xy, clusters, names, settings)
 
 
-def _layout(vectors: np.ndarray, seed: int, sample: int, neighbors: int, progress) -> tuple[np.ndarray, np.ndarray]:
+def _layout(
+    vectors: np.ndarray, seed: int, sample: int, neighbors: int, progress: Callable[[str], None] | None
+) -> tuple[np.ndarray, np.ndarray]:
     """(N x 2 float32 layout, the items UMAP was fitted on)."""
     count = len(vectors)
     if count < 3:  # too few for a neighbour graph: a line

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -21,12 +21,24 @@ from gemma_embed.locations.written import output_location
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from gemma_embed.collection.dedup import DedupReport
     from gemma_embed.collection.vectors import ItemVectors
 
 RECORD_KEY = b"gemma-embed"
 GROUPS_FORMAT = "gemma-embed-groups/1"
 MAP_FORMAT = "gemma-embed-map/1"
+
+
+class GroupsReport(Protocol):
+    """What a groups' table records of how it was made (`dedup.DedupReport`)."""
+
+    method: str
+    threshold: float
+    keep: str
+    items: int
+    pairs: int
+    same_content: int
+    recall: float | None
+    settings: dict
 
 
 def output_fingerprint(output: str | os.PathLike | Location, files: list[Location] | None = None) -> list[dict]:
@@ -46,7 +58,7 @@ def output_fingerprint(output: str | os.PathLike | Location, files: list[Locatio
     return entries
 
 
-def _table(columns: dict[str, Any], record: dict):
+def _table(columns: dict[str, Any], record: dict) -> pa.Table:
     import pyarrow as pa
 
     table = pa.table(columns)
@@ -59,7 +71,7 @@ def groups_table(
     groups: np.ndarray,
     kept: np.ndarray,
     similarity: np.ndarray,
-    report: DedupReport,
+    report: GroupsReport,
 ) -> pa.Table:
     """The groups' table (`collection.GROUP_COLUMNS`, then `item`) with its record."""
     import pyarrow as pa
@@ -118,7 +130,7 @@ def map_table(found: ItemVectors, xy: np.ndarray, clusters: np.ndarray, names: l
     return _table(columns, record)
 
 
-def read_record(table_or_path) -> dict:
+def read_record(table_or_path: pa.Table | str | os.PathLike | Location) -> dict:
     """The record of a groups' or map's table (a pyarrow Table, or a parquet file: only its schema is read);
     a ValueError naming the file when it has none."""
     import pyarrow.parquet as pq
@@ -140,7 +152,7 @@ def read_record(table_or_path) -> dict:
     return record
 
 
-def write_table(table, path: str | os.PathLike | Location) -> Location:
+def write_table(table: pa.Table, path: str | os.PathLike | Location) -> Location:
     """The table as one parquet file, whole or not at all (a temporary file renamed into place)."""
     import pyarrow.parquet as pq
 
@@ -150,14 +162,14 @@ def write_table(table, path: str | os.PathLike | Location) -> Location:
     return where
 
 
-def read_table(path: str | os.PathLike | Location):
+def read_table(path: str | os.PathLike | Location) -> pa.Table:
     import pyarrow.parquet as pq
 
     with location(path).open_input() as fh:
         return pq.read_table(fh)
 
 
-def stale_because(path: str | os.PathLike | Location, output: str | os.PathLike, wanted: dict) -> str | None:
+def stale_because(path: str | os.PathLike | Location, output: str | os.PathLike | Location, wanted: dict) -> str | None:
     """None when the table at `path` was computed from the output as it is now with the `wanted` settings (those
     given: a None value asks nothing); else one sentence saying why it is not."""
     from gemma_embed.store.row_table import compare_fingerprint

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
@@ -163,7 +163,7 @@ def _read_into(fh: IO[bytes], offset: int, out: np.ndarray) -> None:
     """Read `out`'s bytes from `offset` of an open file straight into it. Plain reads, not a memory map: a mapped
     output's pages would count in the process's resident memory (3 GB more at 1M x 768)."""
     fh.seek(offset)
-    view = memoryview(out.reshape(-1).view(np.uint8))
+    view = out.reshape(-1).view(np.uint8).data
     done = 0
     while done < len(view):
         got = fh.readinto(view[done:])  # type: ignore[attr-defined]
@@ -201,7 +201,7 @@ def _number(value: object) -> float:
         return float("nan")
 
 
-def text_column(values: list[str | None]) -> pa.Array:
+def text_column(values: Sequence[str | None]) -> pa.Array:
     """Strings as a pyarrow column. A value that is no UTF-8 (a file name that is not, surrogate-escaped by Python)
     makes it a binary column of the values' bytes with the surrogates kept (`surrogatepass`); `as_text` turns it
     back into strings where a table is written (and fails there for such a value, as pyarrow does)."""
@@ -408,7 +408,7 @@ def _rows_layout(path: Location) -> tuple[str, int, int, int]:
 
 
 def _pooled_sums(
-    handles: list[IO[bytes]],
+    handles: Sequence[IO[bytes]],
     counts: list[np.ndarray],
     layouts: list[tuple[str, int, int, int]],
     width: int,
