@@ -67,11 +67,11 @@ SEARCH_BLOCK = 16_384
 # Items scored against their cells at once (`scan_block`): the queries that probe a cell are scored by one matrix
 # product, which numpy runs at 13 GFLOPS for 400 queries x 500 codes and 80 for 1300 x 1000 (2-core EPYC).
 QUERIES_PER_CELL = 1_000
-CELL_BYTES = 16 << 20  # a cell's decoded codes, and its scores, at most this at once
+CELL_BYTES = 4 << 20  # a cell's decoded codes, and its scores, at most this at once
 RECALL_QUERIES = 500
 TRUTH_COLUMNS = 4_096  # the sampled items' scores against a block, this many items at a time (8 MB)
-SIMILARITY_BLOCK = 16_384  # pairs scored at once for `similarity`
-RESCORE_BLOCK = 16_384  # candidate pairs scored again at once
+SIMILARITY_BLOCK = 4_096  # pairs scored at once for `similarity`
+RESCORE_BLOCK = 4_096  # candidate pairs scored again at once
 FAISS_EXTRA = "pip install 'gemma-embed[search]'"
 
 
