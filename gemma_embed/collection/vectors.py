@@ -7,11 +7,12 @@ gives each item the mean of its rows, L2-normalised (`pooled`): the same vector 
 (`ItemVectors.keys`, `ItemFacts`), and `StoredRows`, which reads the unit vectors of a block of items, or of any
 items, from the files when asked (plain reads into fresh arrays, normalised as they are read), so that `dedup`
 holds no array the size of the collection. Rows of a pooled output are summed once into a temporary file of one
-float32 row per item (`POOLED_FOLDER`), read the same way. `item_vectors` reads every vector into memory
-(`HeldRows`: N x D float32, 1M x 768 is 3.1 GB), for `layout`, which needs them all at once.
+float32 row per item (N x D x 4 bytes, in the system's temporary folder: $TMPDIR; deleted when closed), read the
+same way. `item_vectors` reads every vector into memory (`HeldRows`: N x D float32, 1M x 768 is 3.1 GB), for
+`layout`, which needs them all at once.
 
 A vector is the same bits whichever way it is read (a block, a gathered row, the whole): each row is normalised
-on its own (tests/integration/test_dedup.py checks the readers against each other).
+on its own (tests/integration/test_dedup_memory.py checks the readers against each other).
 """
 
 from __future__ import annotations
@@ -37,9 +38,6 @@ NORMALISE_ROWS = 4_096
 # at most SPAN_ROWS rows a read.
 SPAN_GAP = 8
 SPAN_ROWS = 4_096
-# Where a pooled output's item sums go while a computation reads them (a temporary file, deleted when closed):
-# the system's temporary folder unless GEMMA_EMBED_TMPDIR names another.
-POOLED_FOLDER = "GEMMA_EMBED_TMPDIR"
 STORED = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}  # bfloat16: the top half of a float32
 
 
@@ -417,8 +415,7 @@ def _pooled_sums(
     """Each item's rows summed (float32, in the files' order; normalising the sum gives the mean's direction)
     into a temporary file, READ_BLOCK_ROWS rows read at a time: a segment of one row an item. An item whose rows
     cross a block's end is summed as the sum of each block's part."""
-    folder = os.environ.get(POOLED_FOLDER) or None
-    out = stack.enter_context(tempfile.TemporaryFile(prefix="gemma-embed-pooled-", dir=folder))
+    out = stack.enter_context(tempfile.TemporaryFile(prefix="gemma-embed-pooled-"))
     total = 0
     for fh, file_counts, (dtype, rows, _, data_start) in zip(handles, counts, layouts, strict=True):
         offsets = np.concatenate([[0], np.cumsum(file_counts)])
