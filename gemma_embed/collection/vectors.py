@@ -358,7 +358,7 @@ def _open_items(where: Location, stack: ExitStack) -> ItemVectors:
             _Segment(fh, data_start, dtype, first, len(file_counts))
             for fh, file_counts, (dtype, _, _, data_start), first in zip(handles, counts, layouts, firsts, strict=False)
         ]
-    order = _output_order(indexed, in_files) if indexed is not None and in_files is not None else None
+    order = _output_order(listing[0], indexed, in_files) if indexed is not None and in_files is not None else None
     all_keys = concat_text(keys)
     all_facts = ItemFacts.concat(facts)
     if order is not None:
@@ -385,12 +385,19 @@ def _files(where: Location) -> tuple[list[Location], dict[str, int] | None, list
     return files, content.get("keys") or None, [index, *files]
 
 
-def _output_order(indexed: dict[str, int], keys: list[str]) -> np.ndarray | None:
+def _output_order(index: Location, indexed: dict[str, int], keys: list[str]) -> np.ndarray | None:
     """The permutation from the files' concatenation to the output's order, where a shard index lists its keys in
-    another order; None when they are the same order (the usual case: nothing is copied)."""
+    another order; None when they are the same order (the usual case: nothing is copied). An index whose keys are
+    not the files' is damaged (as the readers tell it)."""
+    from gemma_embed import FORMAT
+    from gemma_embed.store.damage import DamagedFile
+    from gemma_embed.store.reader import REBUILD
+
     if len(indexed) == len(keys) and all(a == b for a, b in zip(indexed, keys, strict=True)):
         return None
     position = {key: i for i, key in enumerate(keys)}
+    if len(indexed) != len(keys) or any(key not in position for key in indexed):
+        raise DamagedFile(index, "its keys are not those of its files", f"{FORMAT} index", REBUILD)
     return np.asarray([position[key] for key in indexed], np.int64)
 
 
