@@ -18,7 +18,6 @@ on its own (tests/integration/test_dedup_memory.py checks the readers against ea
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from gemma_embed.locations import Location
+from gemma_embed.locations import Location, scratch_file
 from gemma_embed.locations.written import output_location
 
 if TYPE_CHECKING:
@@ -422,7 +421,7 @@ def _pooled_sums(
     """Each item's rows summed (float32, in the files' order; normalising the sum gives the mean's direction)
     into a temporary file, READ_BLOCK_ROWS rows read at a time: a segment of one row an item. An item whose rows
     cross a block's end is summed as the sum of each block's part."""
-    out = stack.enter_context(tempfile.TemporaryFile(prefix="gemma-embed-pooled-"))
+    out = stack.enter_context(scratch_file("gemma-embed-pooled-"))
     total = 0
     for fh, file_counts, (dtype, rows, _, data_start) in zip(handles, counts, layouts, strict=True):
         offsets = np.concatenate([[0], np.cumsum(file_counts)])
