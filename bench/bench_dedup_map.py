@@ -8,8 +8,10 @@ tool's layout (`output_for`): 100 Gaussian clusters (noise 0.8 around unit centr
 repeats appended (`planted.with_repeats`, noise 0.1: cosine about 0.995 to their originals). Then, in a
 fresh process (its VmHWM is the peak), the library call itself (`dedup` or `layout`) from reading the output to
 the table; one JSON line with seconds, peak RSS, the vectors' bytes and the ratio of the two, and for dedup the
-groups, items to drop, the method and the index path's recall (measured by the call, against the exact scan of
-sampled items). The machine is shared with other agents: times are what this run saw.
+groups, items to drop, the method, the index path's recall (measured by the call, against the exact scan of
+sampled items) and each stage's CPU and wall seconds (`dedup(timings=...)`: read, same content, train, cells and
+codes, search, rescore, groups, table; or exact scan). The machine is shared with other agents: times are what
+this run saw.
 """
 
 from __future__ import annotations
@@ -104,8 +106,9 @@ def run(args) -> dict:
 
     baseline = reset_peak_rss()  # the interpreter with numpy, pyarrow and the tool imported: before any vector
     started, cpu = time.perf_counter(), time.process_time()
+    stages: dict = {}
     if args.what == "dedup":
-        table = gemma_embed.dedup(path, threshold=args.threshold, method=args.method)
+        table = gemma_embed.dedup(path, threshold=args.threshold, method=args.method, timings=stages)
     else:
         table = gemma_embed.layout(path, seed=0)
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
@@ -125,6 +128,9 @@ def run(args) -> dict:
         "growth_over_vectors": round((peak_rss() - baseline) / vector_bytes, 2),
         "cpu": cpu_name(),
     }
+    if stages:  # dedup's stages (`StageClock`): CPU seconds of every thread, and wall seconds
+        result["stages_cpu"] = {name: round(spent["cpu"], 1) for name, spent in stages.items()}
+        result["stages_wall"] = {name: round(spent["wall"], 1) for name, spent in stages.items()}
     keep = ("method", "threshold", "groups", "drop", "pairs", "recall", "settings", "clusters", "fitted_on")
     result.update({name: record[name] for name in keep if name in record})
     if args.what == "map":

@@ -25,13 +25,13 @@ GROUP_COLUMNS = ("key", "group", "keep", "similarity", "path")
 MAP_COLUMNS = ("key", "x", "y", "cluster", "cluster_name", "path")
 
 
-def groups_path(output: str | os.PathLike) -> Location:
+def groups_path(output: str | os.PathLike | Location) -> Location:
     """Where `gemma-embed dedup OUT` keeps OUT's groups by default: OUT's name with `.duplicates.parquet`."""
     stem = output_stem(output)
     return stem.with_name(stem.name + GROUPS_SUFFIX)
 
 
-def map_path(output: str | os.PathLike) -> Location:
+def map_path(output: str | os.PathLike | Location) -> Location:
     """Where `gemma-embed map OUT` keeps OUT's map by default: OUT's name with `.map.parquet`."""
     stem = output_stem(output)
     return stem.with_name(stem.name + MAP_SUFFIX)

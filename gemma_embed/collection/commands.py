@@ -4,6 +4,7 @@ otherwise) and the drop list, and return the summary record the command prints."
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -15,11 +16,13 @@ GROUPS_TABLE = Written("a duplicates table", ".parquet", "the gallery reads it f
 MAP_TABLE = Written("a map table", ".parquet", "the gallery reads it from a file")
 
 
-def _table_destination(output: Location, given, default: Location, kind: Written, overwrite: bool) -> Location:
+def _table_destination(
+    output: Location, given: str | os.PathLike | None, default: Location, kind: Written, overwrite: bool
+) -> Location:
     """Where the table goes: `-o` (checked as every named file is: its suffix, its folder, an existing file only
     with --overwrite), else beside the output (the tool's own file there: renewed each time, as `index` renews
     OUT.search-index)."""
-    from gemma_embed.store import check_destination, check_output_folder
+    from gemma_embed.store.layout import check_destination, check_output_folder
 
     if given is None:
         check_output_folder(default)
@@ -31,7 +34,7 @@ def _table_destination(output: Location, given, default: Location, kind: Written
 
 def _check_output(output: Location) -> None:
     """A missing output is one line before any work (the readers' own `no such output` line)."""
-    from gemma_embed.store import output_files
+    from gemma_embed.store.layout import output_files
 
     if not output_files(output):
         raise FileNotFoundError(f"{output}: no such output (neither the file nor its .index.json)")
@@ -42,7 +45,7 @@ def run_dedup(
     threshold: float,
     keep: str,
     method: str,
-    destination,
+    destination: str | os.PathLike | None,
     drop_list: str | None,
     overwrite: bool,
     stdout_text: Callable[[str], None],
@@ -52,7 +55,8 @@ def run_dedup(
     from gemma_embed.collection.dedup import dedup
     from gemma_embed.collection.tables import read_record, write_table
     from gemma_embed.export import escape_name
-    from gemma_embed.store import atomic_write_text, check_output_folder, refuse_existing
+    from gemma_embed.store.atomic import atomic_write_text
+    from gemma_embed.store.layout import check_output_folder, refuse_existing
 
     output = output_location(path)
     _check_output(output)
@@ -89,7 +93,7 @@ def run_dedup(
     return summary
 
 
-def run_map(path: str, seed: int, sample: int, destination, overwrite: bool) -> dict:
+def run_map(path: str, seed: int, sample: int, destination: str | os.PathLike | None, overwrite: bool) -> dict:
     """`gemma-embed map`: the map's table written, and the summary record."""
     from gemma_embed.collection.layout import layout
     from gemma_embed.collection.tables import read_record, write_table

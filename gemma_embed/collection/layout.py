@@ -18,12 +18,17 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gemma_embed.collection.vectors import ItemVectors, item_vectors
+from gemma_embed.collection.vectors import ItemVectors, as_text, item_vectors
 from gemma_embed.config import DEFAULT_SEED, FIT_SAMPLE
 from gemma_embed.errors import UsageError
+from gemma_embed.locations import Location
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 PCA_DIMS = 50
 NEIGHBORS = 15
@@ -41,7 +46,7 @@ def min_cluster_size(count: int) -> int:
     return max(5, count // 200)
 
 
-def _libraries():
+def _libraries() -> Any:
     try:
         import sklearn  # noqa: F401
         import umap
@@ -51,14 +56,14 @@ def _libraries():
 
 
 def layout(
-    output: str | os.PathLike,
+    output: str | os.PathLike | Location,
     seed: int = DEFAULT_SEED,
     sample: int = FIT_SAMPLE,
     neighbors: int = NEIGHBORS,
     min_cluster: int | None = None,
     vectors: ItemVectors | None = None,
     progress: Callable[[str], None] | None = None,
-):
+) -> pa.Table:
     """The map of `output` (see the module's note) as a pyarrow Table with the columns of `collection.MAP_COLUMNS`
     (and `item`, the item's position), one row per item in output order; its schema metadata records how it was
     made (`tables.read_record`)."""
@@ -70,13 +75,14 @@ def layout(
         raise UsageError(f"neighbors={neighbors!r}: at least 2")
     _libraries()
     found = vectors if vectors is not None else item_vectors(output)
+    held = found.vectors
     smallest = min_cluster if min_cluster is not None else 0
-    xy, fit_rows = _layout(found.vectors, int(seed), int(sample), int(neighbors), progress)
+    xy, fit_rows = _layout(held, int(seed), int(sample), int(neighbors), progress)
     fitted = len(fit_rows)
     if min_cluster is None:
         smallest = min_cluster_size(fitted)
     clusters = _clusters(xy, fit_rows, smallest)
-    names = _names(found, clusters)
+    names = _names(found, held, clusters)
     settings = {
         "seed": int(seed),
         "fitted_on": fitted,
@@ -89,7 +95,9 @@ def layout(
     return map_table(found, xy, clusters, names, settings)
 
 
-def _layout(vectors: np.ndarray, seed: int, sample: int, neighbors: int, progress) -> tuple[np.ndarray, np.ndarray]:
+def _layout(
+    vectors: np.ndarray, seed: int, sample: int, neighbors: int, progress: Callable[[str], None] | None
+) -> tuple[np.ndarray, np.ndarray]:
     """(N x 2 float32 layout, the items UMAP was fitted on)."""
     count = len(vectors)
     if count < 3:  # too few for a neighbour graph: a line
@@ -148,13 +156,13 @@ def _clusters(xy: np.ndarray, fit_rows: np.ndarray, smallest: int) -> np.ndarray
     return labels
 
 
-def _names(found: ItemVectors, clusters: np.ndarray) -> list[str]:
+def _names(found: ItemVectors, vectors: np.ndarray, clusters: np.ndarray) -> list[str]:
     """Each cluster's name: the keys of its NAME_KEYS most central items, most central first."""
     names = []
     for number in range(int(clusters.max()) + 1 if len(clusters) else 0):
         members = np.flatnonzero(clusters == number)
-        centre = found.vectors[members].mean(axis=0)
-        scores = found.vectors[members] @ centre
+        centre = vectors[members].mean(axis=0)
+        scores = vectors[members] @ centre
         best = members[np.argsort(-scores, kind="stable")[:NAME_KEYS]]
-        names.append(", ".join(found.keys[i] for i in best))
+        names.append(", ".join(as_text(found.keys.take(best)).to_pylist()))
     return names

@@ -20,7 +20,8 @@ memmap, safetensors, faiss, datasets) get `Location.local_path()` of a local loc
 faster than a Python file object: PyAV and soundfile especially), `input_by_name()` where the file must be the one
 checked (a search index and the files it maps), or `temp_path()` to write; of a remote one, `local_path()` is a
 local copy (outputs, indexes), and readers that take a file object (pyarrow, tarfile, the decoders' bytes) get
-`Location.open()`'s seekable file instead.
+`Location.open()`'s seekable file instead. A computation's own spill (dedup's pooled item sums) is a
+`scratch_file()`: anonymous, in the system's temporary folder, gone when closed.
 
 What is not a user's location, and stays outside the seam, with why (`OUTSIDE_THE_SEAM`): model checkpoints (the
 hub's cache or a checkpoint folder, read by transformers and safetensors through models/loading.py), the system's
@@ -33,6 +34,7 @@ from __future__ import annotations
 import os
 
 from gemma_embed.locations.base import FetchFailed, Files, NotPlain, NotRegularFile, TooLarge
+from gemma_embed.locations.local import scratch_file
 from gemma_embed.locations.location import (
     LocalLocation,
     Location,
@@ -59,6 +61,7 @@ __all__ = [
     "filesystem_for",
     "location",
     "regular_file",
+    "scratch_file",
     "split_protocol",
 ]
 

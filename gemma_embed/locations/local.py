@@ -26,6 +26,7 @@ import errno
 import os
 import shutil
 import stat
+import tempfile
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
@@ -39,6 +40,13 @@ _KINDS = (
     (stat.S_ISSOCK, "a socket"),
 )
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def scratch_file(prefix: str = "gemma-embed-") -> BinaryIO:
+    """An anonymous temporary file of the process's own, read and written (a computation's spill, no user's
+    location): in the system's temporary folder ($TMPDIR), its name unlinked at once where the system allows,
+    gone when it is closed."""
+    return tempfile.TemporaryFile(prefix=prefix)
 
 
 def kind_of(mode: int) -> str:

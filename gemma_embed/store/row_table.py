@@ -70,7 +70,7 @@ def arrays_crc32(arrays: dict[str, np.ndarray]) -> int:
     return crc
 
 
-def output_stem(output: str | os.PathLike) -> Location:
+def output_stem(output: str | os.PathLike | Location) -> Location:
     """The output's name without `.safetensors` or `.index.json`: what every file beside it is named after."""
     where = location(output)
     return where.with_name(where.name.removesuffix(".index.json").removesuffix(".safetensors"))
@@ -97,7 +97,9 @@ def listing(output: str | os.PathLike | Location) -> list[Location]:
     return [output if output.suffix == ".json" else index_path(output), *files]
 
 
-def fingerprint(output: str | os.PathLike, digests: bool = False, files: list[Location] | None = None) -> list[dict]:
+def fingerprint(
+    output: str | os.PathLike | Location, digests: bool = False, files: list[Location] | None = None
+) -> list[dict]:
     """What the output is now: per file, its name relative to the output's folder, size and modification time
     (for a sharded output the shard index comes first); with `digests`, the whole and sampled SHA-256 of its
     content too (store/digests.py: read once, when the index is built). Any rewrite changes the time; a copy
@@ -116,7 +118,7 @@ def fingerprint(output: str | os.PathLike, digests: bool = False, files: list[Lo
 
 
 def compare_fingerprint(
-    recorded: list[dict], output: str | os.PathLike, files: list[Location] | None = None
+    recorded: list[dict], output: str | os.PathLike | Location, files: list[Location] | None = None
 ) -> str | None:
     """None when the output is the one recorded; else one sentence saying what differs. Past the names, each
     file's size, time and sampled digest, from one open of it: the same size and time with other bytes (a file

@@ -183,6 +183,20 @@ def test_a_sharded_output_is_read_in_its_index_order(tmp_path):
     write_index(out, files, [("a", 0), ("b", 1), ("c", 0), ("d", 1), ("e", 0), ("f", 1)])
     found = item_vectors(out)
     loaded = gemma_embed.load(out)
-    assert found.keys == list(loaded) == ["a", "b", "c", "d", "e", "f"]
-    expected = np.stack([loaded[key][0].numpy() for key in found.keys])
+    assert found.keys.to_pylist() == list(loaded) == ["a", "b", "c", "d", "e", "f"]
+    expected = np.stack([loaded[key][0].numpy() for key in loaded])
     np.testing.assert_allclose(found.vectors, expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=1e-6)
+
+
+def test_a_shard_index_whose_keys_are_not_its_files_is_a_damaged_file(tmp_path):
+    from gemma_embed.store import DamagedFile, shard_path, write_index
+
+    rows = np.random.default_rng(16).standard_normal((4, 8)).astype(np.float32)
+    out = tmp_path / "sharded.safetensors"
+    files = [
+        planted.write_vectors(shard_path(out, 0), rows[:2], keys=["a", "b"]),
+        planted.write_vectors(shard_path(out, 1), rows[2:], keys=["c", "d"]),
+    ]
+    write_index(out, files, [("b", 0), ("a", 0), ("x", 1), ("d", 1)])  # "x" is in no file, "c" is left out
+    with pytest.raises(DamagedFile, match="its keys are not those of its files"):
+        gemma_embed.dedup(out, threshold=0.9)

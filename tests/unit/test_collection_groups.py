@@ -5,13 +5,14 @@ bound memory, and the keep rules."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from gemma_embed.collection.dedup import _groups, _keep_order, exact_pairs, tile_shape
 from gemma_embed.collection.graph import Components
-from gemma_embed.collection.vectors import ItemFacts, ItemVectors
+from gemma_embed.collection.vectors import HeldRows, ItemFacts, ItemVectors
 from gemma_embed.locations import location
 
 
@@ -60,8 +61,8 @@ def test_tiles_stay_within_a_quarter_of_the_vectors_bytes_and_256_mb():
 
 
 def _found(items: list[dict]) -> ItemVectors:
-    keys = [f"k{i}" for i in range(len(items))]
-    return ItemVectors(location("x.safetensors"), keys, ItemFacts.of(items), np.zeros((0, 1)), False)
+    keys = pa.array([f"k{i}" for i in range(len(items))], pa.string())
+    return ItemVectors(location("x.safetensors"), keys, ItemFacts.of(items), HeldRows(np.zeros((0, 1))), False)
 
 
 @pytest.mark.parametrize(
