@@ -193,10 +193,14 @@ class Ledger:
     released: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def check(self) -> None:
+        """Refused once the request has ended: a fetch stops at its next chunk, whatever it declared."""
+        if self.released:
+            raise Refused("its request has ended")
+
     def take(self, size: int, param: str) -> None:
         with self._lock:
-            if self.released:
-                raise Refused("its request has ended")
+            self.check()
             if self.used + size > self.limit:
                 raise ApiError(
                     413,
@@ -414,6 +418,8 @@ class Fetcher:
             if got > counted:
                 ledger.take(got - counted, param)
                 counted = got
+            else:  # counted when its size was declared: its request may have ended since
+                ledger.check()
             chunks.append(chunk)
             if time.monotonic() > deadline:
                 raise Refused("past --fetch-timeout")
