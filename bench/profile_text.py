@@ -108,16 +108,12 @@ def profile(ckpt: str, lines: list[str], replays: int) -> dict:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    torch.set_num_threads(threads)
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-        with torch.inference_mode(), numerics.aligned(torch.device("cpu")):
-            for units, _, _ in forwards:
-                tower.encode(units, engine.space)
+        replay(numerics.aligned(torch.device("cpu")))
+    top = {event.key: event.self_cpu_time_total / 1e6 for event in prof.key_averages()}
     kinds: dict[str, float] = {}
-    top: dict[str, float] = {}
-    for event in prof.key_averages():
-        kinds[kind_of(event.key)] = kinds.get(kind_of(event.key), 0.0) + event.self_cpu_time_total / 1e6
-        top[event.key] = event.self_cpu_time_total / 1e6
+    for op, seconds in top.items():
+        kinds[kind_of(op)] = kinds.get(kind_of(op), 0.0) + seconds
     forward_wall = sum(s for _, _, s in forwards)
     replay_wall = statistics.median(with_mode)
     scale = forward_wall / replay_wall  # the run's forwards against the replay's: the same batches
