@@ -265,11 +265,13 @@ class Embedder:
         sink: Sink,
         lookup=None,
         window_items: int | None = None,
+        early_first: bool = True,
         **options: Any,
     ) -> CommandEngines:
         """Every source through decode, prepare and the command's chain of stages; `sink` gets each item as it
         finishes (reused by `lookup`, failed, or its pooled rows), in completion order. Returns the command's
-        `CommandEngines` (their chunking, backoffs and peaks)."""
+        `CommandEngines` (their chunking, backoffs and peaks). `early_first`: the first window is one batch, so
+        the first items reach `sink` soon (`Engine.enough_work`); False where the caller waits for all of them."""
         command = self.load(modality, **options)
         stages, pool = command.stages, Pool(options.get("pool", self.config.pool))
         limit = stages.window_items or WINDOW_ITEMS  # the command's own (text: longer) or the default
@@ -282,7 +284,7 @@ class Embedder:
             window,
             lookup=lookup,
             overlap=self.device.type != "cpu" or OVERLAP_ON_CPU,
-            enough_work=lambda units, work: pacer.enough_work(units, work, WINDOW_SECONDS),
+            enough_work=lambda units, work: pacer.enough_work(units, work, WINDOW_SECONDS, early_first),
             host_budget=command.host.decode,
             fetch=FetchPolicy.of(self.config),
         )
@@ -387,7 +389,7 @@ class Embedder:
                 results[index] = ItemError(key, "find", str(exc), type(exc).__name__)
         for kind, sources in by_modality.items():
             sink = _Collected(results, {s.key: s.position for s in sources}, progress)
-            self.embed_stream(sources, kind, sink, **options)
+            self.embed_stream(sources, kind, sink, early_first=False, **options)  # every result returns at once
         return results
 
     def encode(

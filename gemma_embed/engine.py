@@ -332,13 +332,18 @@ class Engine:
         """Measured encode rate in units' length (patches, frames) per second; 0 before it is known."""
         return self.work_done / self.work_seconds if self.work_seconds > 0 else 0.0
 
-    def enough_work(self, units: int, work: int, seconds: float) -> bool:
+    def enough_work(self, units: int, work: int, seconds: float, early_first: bool = True) -> bool:
         """Whether a window of `units` units and `work` summed length keeps the device busy for about `seconds` at
         the measured rate, and fills `WINDOW_BATCHES` batches of the size wanted next (the tuned work, or
-        --batch-size units). Until the first batch has run, one batch is enough: the first records then leave
-        after one batch's encode instead of a whole window's (128 HD images on a medium tower waited 15.0 s of a
-        34.6 s run for 16 batches before anything was written); the windows grow to WINDOW_BATCHES after it."""
-        batches = WINDOW_BATCHES["exact" if self.tower.grouping == "exact" else "ragged"] if self._warm else 1
+        --batch-size units). With `early_first`, until the first batch has run one batch is enough: the first
+        records then leave after one batch's encode instead of a whole window's (128 HD images on a medium tower
+        waited 15.0 s of a 34.6 s run for 16 batches before anything was written); the windows grow to
+        WINDOW_BATCHES after it. A caller that gets every result at once (`Embedder.encode`) gains nothing from
+        an early first record and pays for it: ragged units of one batch's work spread over the ladder's rungs
+        (600 mixed lines: 8,192 tokens over 20 rungs made 20 batches at 2,400 tokens/s, against 3,800 for the
+        batches of a whole window; `bench/profile_text.py`)."""
+        full_window = self._warm or not early_first
+        batches = WINDOW_BATCHES["exact" if self.tower.grouping == "exact" else "ragged"] if full_window else 1
         if self.tuner is None:
             full = units >= batches * (self.batch_cap or 1)
         else:

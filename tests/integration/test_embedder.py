@@ -139,3 +139,36 @@ def test_a_stop_mid_stream_closes_the_decode_stream_and_its_threads():
     assert caught.value.__traceback__ is not None
     alive = [t.name for t in threading.enumerate() if t.name.startswith("decode")]
     assert alive == []
+
+
+def test_encode_fills_its_first_window_where_the_command_line_starts_small(tmp_path, monkeypatch):
+    """`encode` returns every vector at once, so its first decode window is as full as the later ones: texts of two
+    lengths at --batch-size 4 make two full batches. The command line's first window is one batch (its first
+    records leave early; Engine.enough_work), so the same texts make four half batches there. Same bytes both ways."""
+    from gemma_embed.batching import padded_length
+    from gemma_embed.engine import Engine
+
+    short, long = "a cat", "the quick brown fox jumps over the lazy dog " * 3
+    embedder = Embedder(EG2, device="cpu", batch_size=4)
+    lengths = [embedder.load("text").stages.preparer.prepare(t).units[0].length for t in (short, long)]
+    assert padded_length(lengths[0]) != padded_length(lengths[1])  # two rungs: they never share a batch
+    lines = [short, long] * 4
+    batches: list[int] = []
+    encode = Engine._encode
+
+    def counted(self, batch):
+        batches.append(len(batch))
+        return encode(self, batch)
+
+    monkeypatch.setattr(Engine, "_encode", counted)
+    vectors = embedder.encode(lines)
+    assert batches == [4, 4]
+    batches.clear()
+    source = tmp_path / "lines.txt"
+    source.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "text.safetensors"
+    assert run_images([str(source)], EG2, out, modality="text", batch_size=4)[0] == 0
+    assert batches == [2, 2, 2, 2]
+    written = gemma_embed.load(out)
+    for number, vector in enumerate(vectors):
+        assert np.array_equal(vector, written[f"{source}:{number}"][0].numpy())
