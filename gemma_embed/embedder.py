@@ -24,6 +24,7 @@ from gemma_embed.cpu_threads import CpuThreads
 from gemma_embed.decoding import WINDOW_ITEMS, Prepared, prepared_stream
 from gemma_embed.errors import ItemError, UsageError
 from gemma_embed.locations import location
+from gemma_embed.memory import allocator
 from gemma_embed.modalities import ModalityStages
 from gemma_embed.sources.base import Source
 from gemma_embed.sources.fetch import FetchPolicy
@@ -353,7 +354,11 @@ class Embedder:
             pass_on_held()
 
         feeds = [stage.feed for stage in command.stages.chain]
-        encode_chain(command.engines, feeds, [p.item for p in to_encode], [p.source.key for p in to_encode], finished)
+        # The window's CPU forwards reuse the heap the first grew; it goes back when the window is done.
+        kept = allocator.heap_kept() if self.device.type == "cpu" else contextlib.nullcontext()
+        with kept:
+            keys = [p.source.key for p in to_encode]
+            encode_chain(command.engines, feeds, [p.item for p in to_encode], keys, finished)
         pass_on_held()
         to_encode.clear()
 

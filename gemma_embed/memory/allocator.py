@@ -11,8 +11,12 @@ Two needs pull glibc's allocator apart:
   forward, which doubled it (3.1-3.3 s against 1.5 s unpinned; Xeon with AMX, 2 cores).
 So the CLI pins the threshold, and the engine runs each CPU forward inside `heap_only()`: no new mmaps while it
 runs, so activations come from the heap and the blocks a forward frees are reused within it (~37,000 faults and
-0.1 s of system time a forward, measured the same way), and when the forward ends `malloc_trim` hands the freed heap
-back, so peak RSS stays as flat as before.
+0.1 s of system time a forward, measured the same way). The heap a window's forwards grew stays with the process
+until the window's last forward is done (`heap_kept()`, around each decode window), and only then does
+`malloc_trim` hand it back, so peak RSS stays as flat from window to window as before. Trimmed after every forward
+instead, each forward faulted its activations in afresh: on a 512-wide 8-layer text model, a 37 x 160-token batch
+took 55,000 faults (glibc's defaults: 120,000-200,000) where a kept heap takes under 1,500, and 3.23-3.26 CPU s
+where the defaults took 3.50-3.75 (2-core AMD EPYC, bench/README.md "Page faults in text forwards").
 
 Process-wide, so the CLI turns it on (`configure_for_long_runs`); library users decide for their own process, and
 `heap_only()` does nothing until then.
@@ -41,6 +45,7 @@ _libc: ctypes.CDLL | None = None
 _heap_only = False  # configure_for_long_runs() turned heap_only() on
 _lock = threading.Lock()
 _depth = 0  # heap_only() scopes open now (nested or in other threads)
+_kept = 0  # heap_kept() scopes open now
 
 
 def _mallopt(param: int, value: int) -> bool:
@@ -77,8 +82,8 @@ def configure_for_long_runs() -> bool:
 def heap_only() -> Iterator[None]:
     """While it is open (a CPU forward), blocks come from the heap, never from a fresh mmap (glibc's M_MMAP_MAX = 0),
     and freed ones stay there (a trim threshold above any forward's activations), so each activation reuses memory
-    an earlier one freed. When the last scope closes, mmap is allowed again and `malloc_trim` hands the heap's free
-    pages back to the OS: peak RSS stays flat from window to window. Nothing happens before
+    an earlier one freed. When the last scope closes, mmap is allowed again and, unless a `heap_kept()` scope is
+    open, `malloc_trim` hands the heap's free pages back to the OS. Nothing happens before
     `configure_for_long_runs()`."""
     global _depth
     if not _heap_only:
@@ -96,6 +101,38 @@ def heap_only() -> Iterator[None]:
             _depth -= 1
             if _depth == 0:
                 _mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
-                _mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
-                if _libc is not None:  # always so: heap_only() is on only where glibc was loaded
-                    _libc.malloc_trim(0)
+                if _kept == 0:
+                    _give_back()
+
+
+@contextlib.contextmanager
+def heap_kept() -> Iterator[None]:
+    """While it is open (one decode window's encodes), the heap the forwards grew stays with the process between
+    them: the trim threshold stays above their activations, so the next forward reuses the pages instead of
+    faulting them in again. Blocks outside the forwards still come from mmap above the pinned threshold, as
+    before. When the last scope closes (and no forward runs), `malloc_trim` hands the free pages back: the next
+    window decodes on a trimmed heap, as when every forward trimmed. Nothing happens before
+    `configure_for_long_runs()`."""
+    global _kept
+    if not _heap_only:
+        yield
+        return
+    with _lock:
+        _kept += 1
+        if _kept == 1:
+            _mallopt(M_TRIM_THRESHOLD, KEEP_FREED)
+    try:
+        yield
+    finally:
+        with _lock:
+            _kept -= 1
+            if _kept == 0 and _depth == 0:
+                _give_back()
+
+
+def _give_back() -> None:
+    """glibc's trim threshold back to its default, and the heap's free pages handed back now. Called under
+    `_lock` once no scope is open."""
+    _mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
+    if _libc is not None:  # always so: the scopes are on only where glibc was loaded
+        _libc.malloc_trim(0)
