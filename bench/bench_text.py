@@ -16,7 +16,8 @@ rotated in every round:
 - sentence-transformers: `SentenceTransformer(ckpt).encode(lines)` at its default batch size (32), and at its best
   batch size on that corpus (one run each of `--st-batch-sizes`, 8, 16, 64 and 128, first; the fastest kept);
 - gemma-embed: `Embedder(ckpt).encode(lines)` (windows, token-budget batches, the tuner), its summary's chunking
-  printed.
+  printed; and the same after `gemma_embed.configure_for_long_runs()`, glibc's allocator as the command line sets it
+  (memory/allocator.py: CPU forwards reuse the heap instead of faulting in fresh pages).
 `--busy on` repeats the rounds with one busy process (`python -c "while True: pass"`) sharing the cores, started
 before each round and killed by its PID after. Printed per corpus: items/s, tokens/s, padding share (tokens
 computed that were padding: sentence-transformers' measured on the attention masks its Transformer module gets),
@@ -95,8 +96,12 @@ def child_st(ckpt: str, corpus: str, out: str, batch_size: str) -> dict:
 
 
 def child_ours(ckpt: str, corpus: str, out: str, batch_size: str) -> dict:
+    import gemma_embed
     from gemma_embed import Embedder
 
+    if batch_size.endswith("-cli"):  # the command line's allocator settings, as a Python caller can ask for them
+        gemma_embed.configure_for_long_runs()
+        batch_size = batch_size.removesuffix("-cli")
     options = {} if batch_size == "auto" else {"batch_size": int(batch_size)}
     embedder = Embedder(ckpt, device="cpu", **options)
     command = embedder.load("text")
@@ -213,12 +218,17 @@ def main() -> None:
                 f"{'load':>5} {'side':>24} {'items/s':>8} {'tokens/s':>9} {'padding':>8} {'peak RSS MiB':>13} "
                 f"{'vs alone':>9} {'vs f64':>8}"
             )
-            sides = {"st": ("st", str(ST_DEFAULT)), "st-best": ("st", str(best)), "ours": ("ours", "auto")}
+            sides = {
+                "st": ("st", str(ST_DEFAULT)),
+                "st-best": ("st", str(best)),
+                "ours": ("ours", "auto"),
+                "ours-cli": ("ours", "auto-cli"),
+            }
             for busy in args.busy.split(","):
                 runs: dict[str, list[tuple[dict, np.ndarray]]] = {name: [] for name in sides}
                 rounds = args.busy_rounds if busy == "on" and args.busy_rounds else args.rounds
                 for r in range(rounds):
-                    names = list(sides)[r % 3 :] + list(sides)[: r % 3]  # rotated: no side always first
+                    names = list(sides)[r % len(sides) :] + list(sides)[: r % len(sides)]  # no side always first
                     hog = busy_process() if busy == "on" else None
                     try:
                         for name in names:
@@ -228,7 +238,12 @@ def main() -> None:
                         if hog is not None:
                             hog.kill()
                             hog.wait()
-                labels = {"st": f"ST batch {ST_DEFAULT}", "st-best": f"ST batch {best}", "ours": "gemma-embed"}
+                labels = {
+                    "st": f"ST batch {ST_DEFAULT}",
+                    "st-best": f"ST batch {best}",
+                    "ours": "gemma-embed",
+                    "ours-cli": "gemma-embed, CLI allocator",
+                }
                 for name in sides:
                     rates = [rec["items"] / rec["embed_s"] for rec, _ in runs[name]]
                     rec = runs[name][0][0]
@@ -241,16 +256,17 @@ def main() -> None:
                         f"{statistics.median(rates) * tokens / args.lines:>9.0f} {100 * rec['padding']:>7.1f}% "
                         f"{max(r['peak_rss'] for r, _ in runs[name]) / 2**20:>13.0f} {worst:>9.1e} {worst64:>8.1e}"
                     )
-                for name in ("st", "st-best"):
-                    ratios = [
-                        ours["embed_s"] and theirs["embed_s"] / ours["embed_s"]
-                        for (ours, _), (theirs, _) in zip(runs["ours"], runs[name], strict=True)
-                    ]
-                    print(
-                        f"{'busy' if busy == 'on' else 'quiet':>5} {'ratio':>24} gemma-embed "
-                        f"{statistics.median(ratios):.2f}x the items/s of {labels[name]} "
-                        f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})"
-                    )
+                for mine in ("ours", "ours-cli"):
+                    for name in ("st", "st-best"):
+                        ratios = [
+                            ours["embed_s"] and theirs["embed_s"] / ours["embed_s"]
+                            for (ours, _), (theirs, _) in zip(runs[mine], runs[name], strict=True)
+                        ]
+                        print(
+                            f"{'busy' if busy == 'on' else 'quiet':>5} {'ratio':>24} {labels[mine]} "
+                            f"{statistics.median(ratios):.2f}x the items/s of {labels[name]} "
+                            f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})"
+                        )
                 last = runs["ours"][-1][0]
                 print(
                     json.dumps(

@@ -16,7 +16,11 @@ Printed: the run's wall and CPU seconds; the forwards' share of the wall; within
 "Python in the forward" (the forwards' unprofiled wall less their operators: transformers' modules, the mask
 building, the mode); the mode's cost; tokenization (CPU seconds in the decode workers, which overlap the forwards)
 and the Python between batches (the wall outside the forwards: batching, the tuner, moving rows to the writer,
-waiting for windows). The thread count and the CPU name head the output.
+waiting for windows); the run's system CPU time and minor page faults (fresh pages the kernel zeroes: glibc hands a
+forward's freed activations back and the next forward faults them in again unless the heap is kept,
+memory/allocator.py). `--allocator cli` runs with the command line's allocator settings
+(`gemma_embed.configure_for_long_runs()`); the default is a Python caller's, glibc's own. The thread count and the
+CPU name head the output.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -52,6 +57,7 @@ def profile(ckpt: str, lines: list[str], replays: int) -> dict:
 
     from gemma_embed import Embedder, numerics
     from gemma_embed.engine import Engine
+    from gemma_embed.memory import allocator
 
     embedder = Embedder(ckpt, device="cpu")
     command = embedder.load("text")
@@ -83,10 +89,12 @@ def profile(ckpt: str, lines: list[str], replays: int) -> dict:
 
     Engine._encode = timed_encode
     preparer.prepare = timed_prepare(preparer.prepare)
+    usage_before = resource.getrusage(resource.RUSAGE_SELF)
     cpu_before, wall_before = time.process_time(), time.perf_counter()
     embedder.encode(lines, modality="text")
     wall = time.perf_counter() - wall_before
     cpu = time.process_time() - cpu_before
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     Engine._encode = encode
 
     tower = engine.tower
@@ -95,9 +103,10 @@ def profile(ckpt: str, lines: list[str], replays: int) -> dict:
     def replay(mode) -> float:
         torch.set_num_threads(threads)
         started = time.perf_counter()
-        with torch.inference_mode(), mode:
+        with torch.inference_mode(), mode, allocator.heap_kept():  # as a window's forwards run (the engine's scopes)
             for units, _, _ in forwards:
-                tower.encode(units, engine.space)
+                with allocator.heap_only():
+                    tower.encode(units, engine.space)
         return time.perf_counter() - started
 
     with_mode, without_mode = [], []
@@ -124,6 +133,8 @@ def profile(ckpt: str, lines: list[str], replays: int) -> dict:
         "batches": len(forwards),
         "wall_s": wall,
         "cpu_s": cpu,
+        "system_cpu_s": usage.ru_stime - usage_before.ru_stime,
+        "minor_faults": usage.ru_minflt - usage_before.ru_minflt,
         "forwards_s": forward_wall,
         "between_batches_s": wall - forward_wall,
         "tokenization_cpu_s": prepare_cpu[0],
@@ -158,6 +169,9 @@ def table(result: dict) -> str:
         row("  of it the dispatch mode (replay with - without)", result["mode_cost_s"]),
         row("Python between batches (wall outside the forwards)", result["between_batches_s"]),
         row("tokenization (CPU in the decode workers, overlapped)", result["tokenization_cpu_s"]),
+        f"| system CPU (page faults, the allocator's calls) | {result['system_cpu_s']:.2f} s | "
+        f"{100 * result['system_cpu_s'] / result['cpu_s']:.0f}% of the CPU time; "
+        f"{result['minor_faults']:,} minor faults |",
     ]
     lines += ["", "operators by their own time: " + ", ".join(f"{k} {v:.2f} s" for k, v in result["top_ops_s"].items())]
     return "\n".join(lines)
@@ -171,13 +185,18 @@ def main() -> None:
     parser.add_argument("--replays", type=int, default=3)
     parser.add_argument("--checkpoint", help="an existing checkpoint folder (else one is built)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON too")
+    parser.add_argument("--allocator", choices=["python", "cli"], default="python", help="glibc's, or the CLI's")
     args = parser.parse_args()
+    if args.allocator == "cli":
+        import gemma_embed
+
+        gemma_embed.configure_for_long_runs()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         ckpt = args.checkpoint or build_checkpoint(args.family, folder / "ckpt")
         write_corpus(folder / "corpus.txt", args.corpus, args.lines)
         result = profile(ckpt, read_lines(str(folder / "corpus.txt")), args.replays)
-    print(f"## {args.family}, {args.lines} {args.corpus} lines")
+    print(f"## {args.family}, {args.lines} {args.corpus} lines, {args.allocator} allocator")
     print(table(result))
     if args.json:
         print(json.dumps(result))

@@ -51,6 +51,7 @@ _LAZY = {
     "layout": "gemma_embed.collection.layout",
     "ensure_groups": "gemma_embed.collection.kept",
     "ensure_map": "gemma_embed.collection.kept",
+    "configure_for_long_runs": "gemma_embed.memory.allocator",
 }
 
 __all__ = ["FORMAT", "__version__", *_LAZY]

@@ -15,8 +15,9 @@ runs, so activations come from the heap and the blocks a forward frees are reuse
 until the window's last forward is done (`heap_kept()`, around each decode window), and only then does
 `malloc_trim` hand it back, so peak RSS stays as flat from window to window as before. Trimmed after every forward
 instead, each forward faulted its activations in afresh: on a 512-wide 8-layer text model, a 37 x 160-token batch
-took 55,000 faults (glibc's defaults: 120,000-200,000) where a kept heap takes under 1,500, and 3.23-3.26 CPU s
-where the defaults took 3.50-3.75 (2-core AMD EPYC, bench/README.md "Page faults in text forwards").
+took 57,000-58,000 faults (glibc's own settings: 138,000-160,000) where a kept heap takes about 1,000, and 3.12-3.18
+CPU s a forward against 3.13-3.34 trimmed and 3.46-3.59 with glibc's (2-core AMD EPYC,
+`python -m bench.bench_forward_faults`, bench/README.md "Page faults in text forwards").
 
 Process-wide, so the CLI turns it on (`configure_for_long_runs`); library users decide for their own process, and
 `heap_only()` does nothing until then.
