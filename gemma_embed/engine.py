@@ -339,9 +339,10 @@ class Engine:
         records then leave after one batch's encode instead of a whole window's (128 HD images on a medium tower
         waited 15.0 s of a 34.6 s run for 16 batches before anything was written); the windows grow to
         WINDOW_BATCHES after it. A caller that gets every result at once (`Embedder.encode`) gains nothing from
-        an early first record and pays for it: ragged units of one batch's work spread over the ladder's rungs
-        (600 mixed lines: 8,192 tokens over 20 rungs made 20 batches at 2,400 tokens/s, against 3,800 for the
-        batches of a whole window; `bench/profile_text.py`)."""
+        an early first record, and ragged units of one batch's work spread over the ladder's rungs: on 600 mixed
+        lines, 8,192 tokens over 20 rungs made 20 small batches (2,400 tokens/s against 3,800 for a whole window's),
+        43 batches a run against 24, though the run's wall moved by less than the machine's noise (bench/README.md,
+        "Page faults in text forwards")."""
         full_window = self._warm or not early_first
         batches = WINDOW_BATCHES["exact" if self.tower.grouping == "exact" else "ragged"] if full_window else 1
         if self.tuner is None:
